@@ -1,0 +1,7 @@
+"""`python -m gpuscope` is the same as the `gpuscope` console script."""
+
+import sys
+
+from gpuscope.cli import main
+
+sys.exit(main())

@@ -1,0 +1,106 @@
+"""The Snapshot: one immutable picture of the node per sampler tick.
+
+Everything downstream (exporters, history, alert rules, the control API) reads these objects and
+nothing else. Values are in base units (bytes, seconds, joules, watts, celsius, hertz, ratios 0-1).
+``None`` means "this GPU does not provide this reading" (not supported, or failed this tick), which
+the exporters turn into an absent series, never a 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+ProcessKind = Literal["compute", "graphics"]
+
+
+@dataclass(frozen=True, slots=True)
+class UtilizationSample:
+    """One of the driver's buffered utilization samples (NVML keeps about six per second)."""
+
+    timestamp_us: int  # the driver's own timestamp, microseconds; an opaque cursor, not wall time
+    value: float  # ratio 0-1 of the sample period during which a kernel was running
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessReading:
+    """A process holding a context on one GPU, with what the host knows of it.
+
+    ``host_visible`` is False when the pid could not be mapped to a host process (it exited, or the
+    agent runs in another PID namespace); the host details are then None, but the process is still
+    reported with what NVML knows.
+    """
+
+    pid: int
+    kind: ProcessKind
+    memory_used_bytes: int | None
+    sm_utilization_ratio: float | None
+    host_visible: bool
+    name: str | None = None
+    user: str | None = None
+    container_id: str | None = None
+    cmdline: tuple[str, ...] | None = None  # only filled when processes.cmdline is opted in
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """Everything read from one GPU in one tick. ``up`` is False when the GPU could not be read."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    up: bool
+    mig_enabled: bool = False
+    utilization_ratio: float | None = None  # mean of the driver samples since the last tick
+    utilization_samples: tuple[UtilizationSample, ...] = ()
+    memory_utilization_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules_total: float | None = None  # monotonic across driver counter resets
+    temperature_celsius: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    clock_event_reasons: frozenset[str] | None = None  # names of the active reasons (see nvml.CLOCK_EVENT_REASONS)
+    pcie_tx_bytes_total: float | None = None
+    pcie_rx_bytes_total: float | None = None
+    xid_errors: Mapping[int, int] = field(default_factory=dict)  # Xid code -> events since start
+    ecc_uncorrected_errors_total: int | None = None
+    sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    idle_dips_total: int | None = None
+    processes: tuple[ProcessReading, ...] = ()
+
+    @property
+    def compute_processes(self) -> tuple[ProcessReading, ...]:
+        return tuple(p for p in self.processes if p.kind == "compute")
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The node at one tick."""
+
+    timestamp: float  # wall clock (Unix seconds) when the tick finished
+    hostname: str
+    nvml_up: bool
+    driver_version: str | None
+    gpus: tuple[GpuReading, ...]
+    sample_duration_seconds: float
+    sample_errors: Mapping[str, int] = field(default_factory=dict)  # reading -> failures since start
+    interval_seconds: float = 1.0
+    monotonic: float = 0.0  # time.monotonic() at the tick, for staleness checks
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (frozensets become sorted lists, Xid keys become strings)."""
+        data = asdict(self)
+        for gpu in data["gpus"]:
+            reasons = gpu["clock_event_reasons"]
+            gpu["clock_event_reasons"] = None if reasons is None else sorted(reasons)
+            gpu["xid_errors"] = {str(k): v for k, v in gpu["xid_errors"].items()}
+        return data
