@@ -65,7 +65,7 @@ class GpuReading:
     temperature_celsius: float | None = None
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
-    clock_event_reasons: frozenset[str] | None = None  # names of the active reasons (see nvml.CLOCK_EVENT_REASONS)
+    clock_event_reasons: frozenset[str] | None = None  # active reason names (clock_events.py)
     pcie_tx_bytes_total: float | None = None
     pcie_rx_bytes_total: float | None = None
     xid_errors: Mapping[int, int] = field(default_factory=dict)  # Xid code -> events since start

@@ -1,0 +1,93 @@
+"""The agent: wires configuration, (simulated) NVML, the sampler and the HTTP side together."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.process_collector import ProcessCollector
+
+from gpuscope.config import Settings
+from gpuscope.exporters.prometheus import GpuscopeCollector
+from gpuscope.http_server import AgentHttpServer
+from gpuscope.nvml import Nvml
+from gpuscope.processes import ProcessInspector
+from gpuscope.sampler import Sampler
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    """One node's agent. ``start`` returns once serving; ``stop`` is quick and idempotent."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.simulation: Any = None
+        if settings.simulate:
+            # Imported lazily: the simulator (and its helper processes) exist only with --simulate.
+            from gpuscope.simulate import Simulation, load_scenario
+
+            self.simulation = Simulation(load_scenario(settings.simulate))
+        self.nvml = Nvml()
+        self.sampler = Sampler(
+            self.nvml,
+            ProcessInspector(include_cmdline=settings.processes.cmdline),
+            interval_seconds=settings.sample_interval,
+            idle_dip_threshold=settings.idle_dips.threshold,
+            idle_dip_max_seconds=settings.idle_dips.max_duration,
+            hostname=settings.node_name,
+            retry_initial_seconds=settings.nvml.retry_initial,
+            retry_max_seconds=settings.nvml.retry_max,
+        )
+        self.registry = CollectorRegistry(auto_describe=False)
+        collector = GpuscopeCollector(self.sampler.latest, include_cmdline=settings.processes.cmdline)
+        self.registry.register(collector)
+        ProcessCollector(registry=self.registry)  # the agent's own CPU and memory, to prove its overhead
+        self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler)
+        self._stopped = False
+
+    def start(self) -> None:
+        if self.simulation is not None:
+            self.simulation.install()
+        try:
+            self.http.start()  # bind first: a busy port is a start-up error, before any thread runs
+        except BaseException:
+            if self.simulation is not None:
+                self.simulation.uninstall()
+            raise
+        self.sampler.start()
+        host, port = self.http.bound_address[:2]
+        log.info("gpuscope serving on %s (port %d), sampling every %gs%s", host, port,
+                 self.settings.sample_interval,
+                 f", simulating {self.settings.simulate!r}" if self.settings.simulate else "")
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self.http.stop()
+        self.sampler.stop()
+        if self.simulation is not None:
+            self.simulation.uninstall()
+
+    def run_until_signalled(self) -> None:
+        """Serve until SIGTERM or SIGINT, then stop (well within 2 s)."""
+        done = threading.Event()
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            log.info("received %s, stopping", signal.Signals(signum).name)
+            done.set()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            while not done.wait(1.0):
+                pass
+        finally:
+            self.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

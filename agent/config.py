@@ -1,0 +1,141 @@
+"""The agent's configuration: one model, fed by a YAML file, GPUSCOPE_* variables and CLI flags.
+
+Precedence, highest first: command-line flags, environment variables, the YAML file, defaults.
+Unknown keys are refused with their path, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gpuscope.durations import parse_duration
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; ``problems`` holds one "key.path: reason" per line."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"invalid configuration in {source}:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WebConfig(_Section):
+    listen_address: str = Field(":9847", description="HTTP address: host:port, :port or [v6]:port.")
+
+
+class ProcessesConfig(_Section):
+    cmdline: bool = Field(False, description="Export full command lines (may contain secrets).")
+
+
+class IdleDipsConfig(_Section):
+    threshold: float = Field(0.25, gt=0.0, lt=1.0, description="A driver sample below this is idle.")
+    max_duration: Duration = Field(5.0, gt=0.0, description="Longer idle runs are idle periods, not dips.")
+
+
+class NvmlConfig(_Section):
+    retry_initial: Duration = Field(1.0, gt=0.0, description="First retry delay when NVML is unavailable.")
+    retry_max: Duration = Field(60.0, gt=0.0, description="Retry back-off ceiling.")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GPUSCOPE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    sample_interval: Duration = Field(1.0, ge=0.05, le=3600.0, description="Seconds between NVML samples.")
+    node_name: str | None = Field(None, description="Node name in snapshots; default: the hostname.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    simulate: str | None = Field(None, description="Bundled scenario name or scenario file: fake NVML.")
+    web: WebConfig = WebConfig()
+    processes: ProcessesConfig = ProcessesConfig()
+    idle_dips: IdleDipsConfig = IdleDipsConfig()
+    nvml: NvmlConfig = NvmlConfig()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML file is merged in load_settings (below the env) so that its errors carry the file name.
+        return init_settings, env_settings
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(str(path), [f"cannot read the file: {err.strerror or err}"]) from err
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(str(path), [f"{where}not valid YAML: {getattr(err, 'problem', err)}"]) from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), [f"the top level must be a mapping of keys, not {type(data).__name__}"])
+    return data
+
+
+def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
+    """Build the settings from the file (optional), GPUSCOPE_* variables and flag overrides."""
+    file_values = read_yaml(path) if path is not None else {}
+    source = str(path) if path is not None else "environment/flags"
+    try:
+        from_env = Settings()  # env only: tells which fields the environment set
+        env_values = from_env.model_dump(exclude_unset=True)
+    except ValidationError as err:
+        raise ConfigError("GPUSCOPE_* environment variables", format_errors(err)) from err
+    merged = _deep_merge(_deep_merge(file_values, env_values), overrides or {})
+    try:
+        settings = Settings.model_validate(merged)
+    except ValidationError as err:
+        raise ConfigError(source, format_errors(err)) from err
+    if settings.nvml.retry_max < settings.nvml.retry_initial:
+        raise ConfigError(source, ["nvml.retry_max: must not be shorter than nvml.retry_initial"])
+    return settings
+
+
+def format_errors(err: ValidationError) -> list[str]:
+    """pydantic errors as "key.path: reason" lines a person can act on."""
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            reason = "unknown key"
+        else:
+            reason = e["msg"]
+            if "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], dict):
+                reason += f" (got {e['input']!r})"
+        lines.append(f"{path}: {reason}")
+    return lines
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,502 @@
+"""The NVML boundary: the only module of the agent that imports ``pynvml``.
+
+It turns NVML's C-shaped API into plain typed readings: one call per (device, reading), each isolated,
+with "not supported" remembered per device (so the agent stops asking) and kept distinct from an
+error, which is counted per reading and logged once until the reading works again. Units are
+converted here to base units (bytes, watts, joules, hertz, ratios). Above this module nothing knows
+NVML: the sampler works on ``DeviceReadings`` and the tests of everything else use plain values.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pynvml
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# NVML error classes that mean "there is no usable driver on this node" (retry later, serve up=0).
+_UNAVAILABLE = (
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+    pynvml.NVML_ERROR_NO_PERMISSION,
+    pynvml.NVML_ERROR_INSUFFICIENT_POWER,
+)
+# The GPU has dropped off the bus or needs a reset: keep serving the others, retry this one later.
+_LOST = (pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED)
+
+_GPM_MIN_SPACING_S = 0.1  # NVML needs two GPM samples at least 100 ms apart
+_GPM_METRICS = {
+    "sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
+    "sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+    "tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+    "dram_active": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+}
+
+
+class NvmlError(Exception):
+    """Base of the boundary's errors."""
+
+
+class NvmlUnavailable(NvmlError):
+    """NVML cannot be used on this node (no driver, no library, no permission)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    @property
+    def hint(self) -> str:
+        return (
+            f"NVML is not available ({self.reason}). Is the NVIDIA driver installed and loaded "
+            "(libnvidia-ml.so.1, /dev/nvidia*)? In a container, run it with NVIDIA_VISIBLE_DEVICES=all "
+            "and NVIDIA_DRIVER_CAPABILITIES=utility. gpuscope keeps serving gpuscope_nvml_up 0 and retries."
+        )
+
+
+class GpuLostError(NvmlError):
+    """The GPU fell off the bus or needs a reset; its other readings are not attempted this tick."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceIdentity:
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    mig_enabled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RawProcess:
+    pid: int
+    kind: str  # "compute" | "graphics"
+    memory_used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PcieReading:
+    """Either cumulative byte counters (exact) or instantaneous rates (to be integrated by the caller)."""
+
+    cumulative: bool
+    tx: float  # bytes (cumulative) or bytes/s (rate)
+    rx: float
+
+
+@dataclass(slots=True)
+class DeviceReadings:
+    """One tick's readings of one GPU, in base units; None where unsupported or failed."""
+
+    utilization_samples: list[tuple[int, float]] = field(default_factory=list)  # (driver µs, ratio)
+    utilization_ratio: float | None = None  # the instantaneous rate, used when no samples are new
+    memory_utilization_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None  # the driver's counter: resets when the driver reloads
+    temperature_celsius: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    clock_event_mask: int | None = None
+    pcie: PcieReading | None = None
+    ecc_uncorrected_errors: int | None = None
+    gpm: dict[str, float] | None = None  # sm_active, sm_occupancy, tensor_active, dram_active (0-1)
+    processes: list[RawProcess] = field(default_factory=list)
+    process_sm_utilization: dict[int, float] | None = None  # pid -> mean ratio since the last tick
+
+
+class NvmlDevice:
+    """A GPU's handle plus what the boundary remembers about it between ticks."""
+
+    def __init__(self, handle: Any, identity: DeviceIdentity) -> None:
+        self.handle = handle
+        self.identity = identity
+        self.unsupported: set[str] = set()
+        self.sample_cursor = 0
+        self.process_cursor = 0
+        self.pcie_counters: bool | None = None  # None until probed
+        self.gpm_samples: list[Any] | None = None  # [previous, current] buffers, allocated on first use
+        self.gpm_previous_at: float | None = None
+
+
+class Nvml:
+    """NVML, reduced to what the sampler needs. Thread-safe as NVML itself is."""
+
+    def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self._clock = clock or time.monotonic
+        self._lock = threading.Lock()
+        self._initialized = False
+        self.error_counts: dict[str, int] = {}  # reading -> failures since start
+        self._failing: set[tuple[int, str]] = set()  # (gpu index, reading) currently failing and logged
+
+    # ---------------------------------------------------------------- lifecycle
+
+    @property
+    def initialized(self) -> bool:
+        return self._initialized
+
+    def init(self) -> None:
+        """Initialise NVML; raises NvmlUnavailable with the driver's reason when it cannot."""
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as err:
+            if err.value in _UNAVAILABLE:
+                raise NvmlUnavailable(_describe(err)) from err
+            raise NvmlUnavailable(f"nvmlInit failed: {_describe(err)}") from err
+        self._initialized = True
+
+    def shutdown(self) -> None:
+        if self._initialized:
+            self._initialized = False
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError as err:  # shutting down anyway; nothing to recover
+                log.debug("nvmlShutdown failed: %s", _describe(err))
+
+    def driver_version(self) -> str | None:
+        try:
+            return str(pynvml.nvmlSystemGetDriverVersion())
+        except pynvml.NVMLError as err:
+            self._record_failure(-1, "driver_version", err)
+            return None
+
+    def devices(self) -> list[NvmlDevice]:
+        """Enumerate the GPUs. A GPU whose identity cannot be read yet is returned with placeholders."""
+        count = pynvml.nvmlDeviceGetCount()
+        found = []
+        for index in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            except pynvml.NVMLError as err:
+                log.warning("GPU %d: cannot get a handle: %s", index, _describe(err))
+                found.append(NvmlDevice(None, DeviceIdentity(index, "", "", "", False)))
+                continue
+            found.append(NvmlDevice(handle, self._identity(index, handle)))
+        return found
+
+    def _identity(self, index: int, handle: Any) -> DeviceIdentity:
+        def text(fn: Callable[[Any], Any]) -> str:
+            try:
+                return str(fn(handle))
+            except pynvml.NVMLError:
+                return ""
+
+        try:
+            current_mig, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+            mig = current_mig == pynvml.NVML_DEVICE_MIG_ENABLE
+        except pynvml.NVMLError:
+            mig = False  # not supported on pre-Ampere GPUs: no MIG
+        return DeviceIdentity(
+            index=index,
+            uuid=text(pynvml.nvmlDeviceGetUUID),
+            name=text(pynvml.nvmlDeviceGetName),
+            pci_bus_id=text(lambda h: pynvml.nvmlDeviceGetPciInfo_v3(h).busId),
+            mig_enabled=mig,
+        )
+
+    def refresh_identity(self, device: NvmlDevice) -> None:
+        """Retry the handle/identity of a GPU that was unreadable at enumeration."""
+        handle = device.handle
+        if handle is None:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(device.identity.index)
+            device.handle = handle
+        if not device.identity.uuid:
+            device.identity = self._identity(device.identity.index, handle)
+
+    # ---------------------------------------------------------------- readings
+
+    def read(self, device: NvmlDevice) -> DeviceReadings:
+        """All of one GPU's readings for this tick. Raises GpuLostError if the GPU is gone."""
+        if device.handle is None or not device.identity.uuid:
+            try:
+                self.refresh_identity(device)
+            except pynvml.NVMLError as err:
+                raise GpuLostError(_describe(err)) from err
+        h = device.handle
+        r = DeviceReadings()
+        # The first call doubles as the liveness probe: a lost GPU raises here and we stop.
+        mem = self._query(device, "memory", lambda: pynvml.nvmlDeviceGetMemoryInfo(
+            h, version=pynvml.nvmlMemory_v2))
+        if mem is not None:
+            r.memory_used_bytes, r.memory_reserved_bytes, r.memory_total_bytes = (
+                int(mem.used), int(mem.reserved), int(mem.total))
+        rates = self._query(device, "utilization", lambda: pynvml.nvmlDeviceGetUtilizationRates(h))
+        if rates is not None:
+            r.utilization_ratio = rates.gpu / 100.0
+            r.memory_utilization_ratio = rates.memory / 100.0
+        r.utilization_samples = self._utilization_samples(device)
+        power = self._query(device, "power", lambda: pynvml.nvmlDeviceGetPowerUsage(h))
+        r.power_watts = None if power is None else power / 1000.0
+        limit = self._query(device, "power_limit", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h))
+        r.power_limit_watts = None if limit is None else limit / 1000.0
+        energy = self._query(device, "energy", lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h))
+        r.energy_joules = None if energy is None else energy / 1000.0
+        temp = self._query(device, "temperature",
+                           lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
+        r.temperature_celsius = None if temp is None else float(temp)
+        sm = self._query(device, "sm_clock", lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
+        r.sm_clock_hertz = None if sm is None else sm * 1e6
+        memclk = self._query(device, "memory_clock",
+                             lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM))
+        r.memory_clock_hertz = None if memclk is None else memclk * 1e6
+        r.clock_event_mask = self._query(device, "clock_events", lambda: _clock_event_reasons(h))
+        r.pcie = self._pcie(device)
+        r.ecc_uncorrected_errors = self._query(device, "ecc", lambda: int(pynvml.nvmlDeviceGetTotalEccErrors(
+            h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)))
+        r.gpm = self._gpm(device)
+        r.processes = self._processes(device)
+        r.process_sm_utilization = self._process_utilization(device)
+        return r
+
+    def _query(self, device: NvmlDevice, reading: str, call: Callable[[], T]) -> T | None:
+        """One isolated reading: None when unsupported (remembered) or failed (counted, logged once)."""
+        if reading in device.unsupported:
+            return None
+        index = device.identity.index
+        try:
+            value = call()
+        except pynvml.NVMLError as err:
+            if err.value in _LOST:
+                raise GpuLostError(_describe(err)) from err
+            if err.value in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                device.unsupported.add(reading)
+                log.debug("GPU %d: %s not supported", index, reading)
+                return None
+            self._record_failure(index, reading, err)
+            return None
+        if (index, reading) in self._failing:
+            self._failing.discard((index, reading))
+            log.info("GPU %d: reading %s works again", index, reading)
+        return value
+
+    def _record_failure(self, index: int, reading: str, err: pynvml.NVMLError) -> None:
+        with self._lock:
+            self.error_counts[reading] = self.error_counts.get(reading, 0) + 1
+            first = (index, reading) not in self._failing
+            self._failing.add((index, reading))
+        if first:  # once per failing streak, not every tick
+            log.warning("GPU %d: reading %s failed: %s (logged once until it recovers)",
+                        index, reading, _describe(err))
+
+    def _utilization_samples(self, device: NvmlDevice) -> list[tuple[int, float]]:
+        h = device.handle
+
+        def call() -> list[tuple[int, float]]:
+            try:
+                value_type, samples = pynvml.nvmlDeviceGetSamples(
+                    h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, device.sample_cursor)
+            except pynvml.NVMLError_NotFound:
+                return []  # nothing new since the cursor (also what an idle GPU says)
+            out = [(int(s.timeStamp), _sample_value(value_type, s.sampleValue) / 100.0) for s in samples]
+            # The cursor is opaque: only ever compare it with the driver's own timestamps.
+            out = [s for s in out if s[0] > device.sample_cursor]
+            if out:
+                device.sample_cursor = max(ts for ts, _ in out)
+            return out
+
+        return self._query(device, "utilization_samples", call) or []
+
+    def _pcie(self, device: NvmlDevice) -> PcieReading | None:
+        h = device.handle
+        if device.pcie_counters is not False:
+            values = self._query(device, "pcie_counters", lambda: pynvml.nvmlDeviceGetFieldValues(
+                h, [pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]))
+            if values is not None and all(v.nvmlReturn == pynvml.NVML_SUCCESS for v in values):
+                device.pcie_counters = True
+                return PcieReading(True, float(values[0].value.ullVal), float(values[1].value.ullVal))
+            unsupported = "pcie_counters" in device.unsupported or (
+                values is not None and any(v.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED for v in values))
+            if device.pcie_counters or not unsupported:
+                return None  # a counter GPU failed this tick: do not mix in the other source
+            device.pcie_counters = False  # no byte counters on this GPU: the throughput API from now on
+        # nvmlDeviceGetPcieThroughput reports KB/s over a 20 ms window; NVML's KB is 1024 bytes.
+        tx = self._query(device, "pcie_throughput",
+                         lambda: pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES))
+        rx = self._query(device, "pcie_throughput",
+                         lambda: pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES))
+        if tx is None or rx is None:
+            return None
+        return PcieReading(False, tx * 1024.0, rx * 1024.0)
+
+    def _gpm(self, device: NvmlDevice) -> dict[str, float] | None:
+        """GPM metrics between the previous tick's sample and this one (Hopper and newer)."""
+        if device.identity.mig_enabled or "gpm" in device.unsupported:
+            return None
+        h = device.handle
+        if device.gpm_samples is None:
+            support = self._query(device, "gpm", lambda: pynvml.nvmlGpmQueryDeviceSupport(h))
+            if support is None:
+                return None
+            if not support.isSupportedDevice:
+                device.unsupported.add("gpm")
+                return None
+            samples = self._query(device, "gpm", lambda: [pynvml.nvmlGpmSampleAlloc(),
+                                                          pynvml.nvmlGpmSampleAlloc()])
+            if samples is None:
+                return None
+            device.gpm_samples = samples
+        now = self._clock()
+        if device.gpm_previous_at is not None and now - device.gpm_previous_at < _GPM_MIN_SPACING_S:
+            return None  # too soon after the last sample for NVML to compute rates
+        previous, current = device.gpm_samples
+        got = self._query(device, "gpm", lambda: pynvml.nvmlGpmSampleGet(h, current))
+        if got is None:
+            return None
+        result: dict[str, float] | None = None
+        if device.gpm_previous_at is not None:
+            result = self._query(device, "gpm", lambda: _gpm_metrics(previous, current))
+        device.gpm_samples = [current, previous]
+        device.gpm_previous_at = now
+        return result
+
+    def _processes(self, device: NvmlDevice) -> list[RawProcess]:
+        h = device.handle
+        compute = self._query(device, "processes", lambda: _running_processes(h, "compute")) or []
+        graphics = self._query(device, "graphics_processes", lambda: _running_processes(h, "graphics")) or []
+        seen = {p.pid for p in compute}
+        # A process with both a compute and a graphics context is listed twice by NVML: count it once.
+        return compute + [p for p in graphics if p.pid not in seen]
+
+    def _process_utilization(self, device: NvmlDevice) -> dict[int, float] | None:
+        if device.identity.mig_enabled:
+            return None  # not available per MIG instance
+        h = device.handle
+
+        def call() -> dict[int, float]:
+            try:
+                samples = pynvml.nvmlDeviceGetProcessUtilization(h, device.process_cursor)
+            except pynvml.NVMLError_NotFound:
+                return {}  # no process ran kernels since the cursor
+            sums: dict[int, list[float]] = {}
+            newest = device.process_cursor
+            for s in samples:
+                if s.timeStamp <= device.process_cursor:
+                    continue
+                sums.setdefault(int(s.pid), []).append(s.smUtil / 100.0)
+                newest = max(newest, int(s.timeStamp))
+            device.process_cursor = newest
+            return {pid: sum(v) / len(v) for pid, v in sums.items()}
+
+        return self._query(device, "process_utilization", call)
+
+    # ---------------------------------------------------------------- Xid events
+
+    def xid_event_set(self, devices: list[NvmlDevice]) -> Any | None:
+        """An event set registered for Xid events on every GPU that supports them, or None."""
+        try:
+            event_set = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as err:
+            log.info("Xid events unavailable: %s", _describe(err))
+            return None
+        registered = 0
+        for device in devices:
+            if device.handle is None:
+                continue
+            try:
+                supported = pynvml.nvmlDeviceGetSupportedEventTypes(device.handle)
+                if supported & pynvml.nvmlEventTypeXidCriticalError:
+                    pynvml.nvmlDeviceRegisterEvents(
+                        device.handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
+                    registered += 1
+            except pynvml.NVMLError as err:
+                log.info("GPU %d: Xid events unavailable: %s", device.identity.index, _describe(err))
+        if not registered:
+            self.free_event_set(event_set)
+            return None
+        return event_set
+
+    def wait_xid(self, event_set: Any, devices: list[NvmlDevice], timeout_ms: int) -> tuple[int, int] | None:
+        """Block up to timeout_ms for one Xid event; returns (gpu index, xid) or None on timeout."""
+        try:
+            data = pynvml.nvmlEventSetWait_v2(event_set, timeout_ms)
+        except pynvml.NVMLError_Timeout:
+            return None
+        if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+            return None
+        address = _handle_address(data.device)
+        for device in devices:
+            if device.handle is not None and _handle_address(device.handle) == address:
+                return device.identity.index, int(data.eventData)
+        return -1, int(data.eventData)  # an Xid not tied to a known GPU (e.g. GPU-less event)
+
+    def free_event_set(self, event_set: Any) -> None:
+        try:
+            pynvml.nvmlEventSetFree(event_set)
+        except pynvml.NVMLError as err:
+            log.debug("nvmlEventSetFree failed: %s", _describe(err))
+
+
+# -------------------------------------------------------------------- helpers over pynvml
+
+
+def _describe(err: pynvml.NVMLError) -> str:
+    try:
+        return str(err)
+    except Exception:  # pynvml's __str__ calls into the library, which may be gone
+        return f"NVML error {getattr(err, 'value', '?')}"
+
+
+def _handle_address(handle: Any) -> int | None:
+    import ctypes
+
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+def _sample_value(value_type: int, value: Any) -> float:
+    if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE:
+        return float(value.dVal)
+    if value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+        return float(value.ullVal)
+    if value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
+        return float(value.ulVal)
+    if value_type == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        return float(value.sllVal)
+    return float(value.uiVal)
+
+
+def _clock_event_reasons(handle: Any) -> int:
+    try:
+        return int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+    except pynvml.NVMLError_FunctionNotFound:
+        # Drivers before 535 only know the older name of the same bitmask.
+        return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+
+def _running_processes(handle: Any, kind: str) -> list[RawProcess]:
+    if kind == "compute":
+        v3, v2 = pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetComputeRunningProcesses_v2
+    else:
+        v3, v2 = pynvml.nvmlDeviceGetGraphicsRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses_v2
+    try:
+        procs = v3(handle)
+    except pynvml.NVMLLibraryMismatchError:
+        procs = v2(handle)  # drivers older than 510 have no _v3
+    return [RawProcess(int(p.pid), kind, None if p.usedGpuMemory is None else int(p.usedGpuMemory))
+            for p in procs]
+
+
+def _gpm_metrics(previous: Any, current: Any) -> dict[str, float]:
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = len(_GPM_METRICS)
+    request.sample1 = previous
+    request.sample2 = current
+    for i, metric_id in enumerate(_GPM_METRICS.values()):
+        request.metrics[i].metricId = metric_id
+    pynvml.nvmlGpmMetricsGet(request)
+    out = {}
+    for i, name in enumerate(_GPM_METRICS):
+        metric = request.metrics[i]
+        if metric.nvmlReturn == pynvml.NVML_SUCCESS:
+            out[name] = max(0.0, min(1.0, metric.value / 100.0))
+    return out

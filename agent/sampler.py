@@ -1,0 +1,285 @@
+"""The sampler: one background thread, one immutable Snapshot per interval.
+
+It owns NVML's lifecycle (lazy init with back-off while there is no driver), the per-GPU counter
+state (energy resets, PCIe integration, idle dips) and the process mapping, and publishes each new
+Snapshot by replacing one reference, so readers never block it and it never blocks on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpuscope.clock_events import decode_clock_event_reasons
+from gpuscope.counters import RateIntegrator, ResetSafeCounter
+from gpuscope.idle_dips import IdleDipCounter
+from gpuscope.nvml import DeviceReadings, GpuLostError, Nvml, NvmlDevice, NvmlUnavailable
+from gpuscope.processes import ProcessInspector
+from gpuscope.snapshot import GpuReading, ProcessReading, Snapshot, UtilizationSample
+from gpuscope.xid import XidWatcher
+
+log = logging.getLogger(__name__)
+
+SnapshotListener = Callable[[Snapshot], None]
+
+
+@dataclass(slots=True)
+class _GpuState:
+    """What the sampler carries from one tick to the next for one GPU."""
+
+    dips: IdleDipCounter
+    energy: ResetSafeCounter = field(default_factory=ResetSafeCounter)
+    pcie_tx: RateIntegrator = field(default_factory=RateIntegrator)
+    pcie_rx: RateIntegrator = field(default_factory=RateIntegrator)
+    lost: bool = False
+
+
+class Sampler:
+    def __init__(
+        self,
+        nvml: Nvml,
+        inspector: ProcessInspector,
+        *,
+        interval_seconds: float = 1.0,
+        idle_dip_threshold: float = 0.25,
+        idle_dip_max_seconds: float = 5.0,
+        hostname: str | None = None,
+        retry_initial_seconds: float = 1.0,
+        retry_max_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._nvml = nvml
+        self._inspector = inspector
+        self._interval = interval_seconds
+        self._dip_threshold = idle_dip_threshold
+        self._dip_max_us = int(idle_dip_max_seconds * 1e6)
+        self._hostname = hostname or socket.gethostname()
+        self._retry_initial = retry_initial_seconds
+        self._retry_max = retry_max_seconds
+        self._clock = clock
+        self._wall_clock = wall_clock
+
+        self._devices: list[NvmlDevice] = []
+        self._driver_version: str | None = None
+        self._states: dict[int, _GpuState] = {}
+        self._xid: XidWatcher | None = None
+        self._next_init_at = 0.0
+        self._backoff = retry_initial_seconds
+        self._init_failures = 0
+
+        self._latest: Snapshot | None = None
+        self._listeners: list[SnapshotListener] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_tick_started = 0.0
+
+    # ------------------------------------------------------------ SnapshotSource
+
+    @property
+    def interval_seconds(self) -> float:
+        return self._interval
+
+    def latest(self) -> Snapshot | None:
+        return self._latest
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ------------------------------------------------------------ lifecycle
+
+    def add_listener(self, listener: SnapshotListener) -> None:
+        """Called in the sampler thread with every new Snapshot; must be quick and must not raise."""
+        self._listeners.append(listener)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="gpuscope-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.5) -> None:
+        """Stop ticking; a tick stuck in NVML is abandoned (daemon thread) after ``timeout``."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._xid is not None:
+            self._xid.stop(timeout=0.6)
+        if self._thread is None or not self._thread.is_alive():
+            self._nvml.shutdown()
+
+    def wait_first(self, timeout: float) -> Snapshot | None:
+        """Block until the first snapshot exists (for `gpuscope snapshot` and tests)."""
+        deadline = time.monotonic() + timeout
+        while self._latest is None and time.monotonic() < deadline and not self._stop.is_set():
+            time.sleep(0.01)
+        return self._latest
+
+    def _run(self) -> None:
+        next_at = self._clock()
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # a bug in one tick must not end sampling for good
+                log.exception("sampling tick failed")
+            next_at += self._interval
+            delay = next_at - self._clock()
+            if delay < 0:  # fell behind (slow NVML): skip the missed ticks rather than burst
+                next_at = self._clock()
+                delay = 0.0
+            self._stop.wait(delay)
+
+    # ------------------------------------------------------------ one tick
+
+    def tick(self) -> Snapshot:
+        """Read everything once and publish a new Snapshot."""
+        started = time.perf_counter()
+        now = self._clock()
+        self._ensure_nvml(now)
+        gpus: list[GpuReading] = []
+        pids: set[int] = set()
+        for device in self._devices:
+            reading = self._read_gpu(device, now)
+            gpus.append(reading)
+            pids.update(p.pid for p in reading.processes)
+        self._inspector.retain(pids)
+        snapshot = Snapshot(
+            timestamp=self._wall_clock(),
+            hostname=self._hostname,
+            nvml_up=self._nvml.initialized,
+            driver_version=self._driver_version,
+            gpus=tuple(gpus),
+            sample_duration_seconds=time.perf_counter() - started,
+            sample_errors=dict(self._nvml.error_counts),
+            interval_seconds=self._interval,
+            monotonic=now,
+        )
+        self._latest = snapshot
+        for listener in self._listeners:
+            try:
+                listener(snapshot)
+            except Exception:
+                log.exception("snapshot listener %r failed", listener)
+        return snapshot
+
+    def _ensure_nvml(self, now: float) -> None:
+        if self._nvml.initialized or now < self._next_init_at:
+            return
+        try:
+            self._nvml.init()
+        except NvmlUnavailable as err:
+            self._init_failures += 1
+            if self._init_failures == 1:
+                log.warning("%s", err.hint)
+            else:
+                log.debug("NVML still unavailable (%s); next try in %.0f s", err.reason, self._backoff)
+            self._next_init_at = now + self._backoff
+            self._backoff = min(self._backoff * 2, self._retry_max)
+            return
+        self._backoff = self._retry_initial
+        self._driver_version = self._nvml.driver_version()
+        self._devices = self._nvml.devices()
+        self._states = {
+            d.identity.index: _GpuState(IdleDipCounter(self._dip_threshold, self._dip_max_us))
+            for d in self._devices
+        }
+        log.info("NVML up: driver %s, %d GPU(s)", self._driver_version, len(self._devices))
+        for d in self._devices:
+            if d.identity.mig_enabled:
+                log.info("GPU %d has MIG enabled: no utilization samples, process utilization or GPM "
+                         "for it (NVML does not provide them per MIG instance)", d.identity.index)
+        self._xid = XidWatcher(self._nvml, self._devices)
+        self._xid.start()
+
+    def _read_gpu(self, device: NvmlDevice, now: float) -> GpuReading:
+        state = self._states[device.identity.index]
+        xids = self._xid.counts(device.identity.index) if self._xid is not None else {}
+        try:
+            raw = self._nvml.read(device)
+        except GpuLostError as err:
+            if not state.lost:
+                log.warning("GPU %d (%s) is lost: %s; the other GPUs keep reporting",
+                            device.identity.index, device.identity.uuid, err)
+                state.lost = True
+            ident = device.identity
+            return GpuReading(index=ident.index, uuid=ident.uuid, name=ident.name,
+                              pci_bus_id=ident.pci_bus_id, up=False, mig_enabled=ident.mig_enabled,
+                              xid_errors=xids)
+        if state.lost:
+            log.info("GPU %d (%s) is readable again", device.identity.index, device.identity.uuid)
+            state.lost = False
+        return self._to_reading(device, raw, state, xids, now)
+
+    def _to_reading(self, device: NvmlDevice, raw: DeviceReadings, state: _GpuState,
+                    xids: dict[int, int], now: float) -> GpuReading:
+        ident = device.identity
+        samples = tuple(UtilizationSample(ts, v) for ts, v in raw.utilization_samples)
+        if samples:
+            utilization: float | None = sum(s.value for s in samples) / len(samples)
+        else:
+            utilization = raw.utilization_ratio  # no new samples (idle or unsupported): the rate API
+        dips = None
+        if "utilization_samples" not in device.unsupported and not ident.mig_enabled:
+            dips = state.dips.update(raw.utilization_samples)
+        tx = rx = None
+        if raw.pcie is not None:
+            if raw.pcie.cumulative:
+                tx, rx = raw.pcie.tx, raw.pcie.rx
+            else:
+                tx, rx = state.pcie_tx.update(raw.pcie.tx, now), state.pcie_rx.update(raw.pcie.rx, now)
+        gpm = raw.gpm or {}
+        return GpuReading(
+            index=ident.index,
+            uuid=ident.uuid,
+            name=ident.name,
+            pci_bus_id=ident.pci_bus_id,
+            up=True,
+            mig_enabled=ident.mig_enabled,
+            utilization_ratio=utilization,
+            utilization_samples=samples,
+            memory_utilization_ratio=raw.memory_utilization_ratio,
+            memory_used_bytes=raw.memory_used_bytes,
+            memory_reserved_bytes=raw.memory_reserved_bytes,
+            memory_total_bytes=raw.memory_total_bytes,
+            power_watts=raw.power_watts,
+            power_limit_watts=raw.power_limit_watts,
+            energy_joules_total=None if raw.energy_joules is None else state.energy.update(raw.energy_joules),
+            temperature_celsius=raw.temperature_celsius,
+            sm_clock_hertz=raw.sm_clock_hertz,
+            memory_clock_hertz=raw.memory_clock_hertz,
+            clock_event_reasons=(None if raw.clock_event_mask is None
+                                 else decode_clock_event_reasons(raw.clock_event_mask)),
+            pcie_tx_bytes_total=tx,
+            pcie_rx_bytes_total=rx,
+            xid_errors=xids,
+            ecc_uncorrected_errors_total=raw.ecc_uncorrected_errors,
+            sm_active_ratio=gpm.get("sm_active"),
+            sm_occupancy_ratio=gpm.get("sm_occupancy"),
+            tensor_active_ratio=gpm.get("tensor_active"),
+            dram_active_ratio=gpm.get("dram_active"),
+            idle_dips_total=dips,
+            processes=self._processes(raw),
+        )
+
+    def _processes(self, raw: DeviceReadings) -> tuple[ProcessReading, ...]:
+        out = []
+        for proc in raw.processes:
+            host = self._inspector.describe(proc.pid)
+            sm: float | None = None
+            if raw.process_sm_utilization is not None and proc.kind == "compute":
+                # No sample for a pid since the last tick means it ran no kernels in that time.
+                sm = raw.process_sm_utilization.get(proc.pid, 0.0)
+            out.append(ProcessReading(
+                pid=proc.pid,
+                kind="compute" if proc.kind == "compute" else "graphics",
+                memory_used_bytes=proc.memory_used_bytes,
+                sm_utilization_ratio=sm,
+                host_visible=host.visible,
+                name=host.name,
+                user=host.user,
+                container_id=host.container_id,
+                cmdline=host.cmdline,
+            ))
+        return tuple(out)

@@ -1,0 +1,63 @@
+"""The Xid watcher: one thread blocked in NVML's event wait, counting Xid errors per GPU."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from gpuscope.nvml import Nvml, NvmlDevice
+
+log = logging.getLogger(__name__)
+
+# How long one wait blocks; bounds how quickly the thread notices a stop request.
+_WAIT_MS = 500
+
+
+class XidWatcher:
+    def __init__(self, nvml: Nvml, devices: list[NvmlDevice]) -> None:
+        self._nvml = nvml
+        self._devices = devices
+        self._lock = threading.Lock()
+        self._counts: dict[int, dict[int, int]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._event_set: Any = None
+
+    def start(self) -> bool:
+        """Start watching; False when no GPU supports Xid events (nothing to watch)."""
+        self._event_set = self._nvml.xid_event_set(self._devices)
+        if self._event_set is None:
+            return False
+        self._thread = threading.Thread(target=self._run, name="gpuscope-xid", daemon=True)
+        self._thread.start()
+        return True
+
+    def stop(self, timeout: float = 1.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if not self._thread.is_alive() and self._event_set is not None:
+                self._nvml.free_event_set(self._event_set)
+                self._event_set = None
+
+    def counts(self, gpu_index: int) -> dict[int, int]:
+        """A copy of Xid code -> events seen on this GPU since start."""
+        with self._lock:
+            return dict(self._counts.get(gpu_index, {}))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                event = self._nvml.wait_xid(self._event_set, self._devices, _WAIT_MS)
+            except Exception:  # an NVML failure here must not kill the thread silently or spin
+                log.exception("Xid event wait failed; retrying in 5 s")
+                self._stop.wait(5.0)
+                continue
+            if event is None:
+                continue
+            gpu, xid = event
+            log.warning("GPU %d: Xid %d", gpu, xid)
+            with self._lock:
+                per_gpu = self._counts.setdefault(gpu, {})
+                per_gpu[xid] = per_gpu.get(xid, 0) + 1

@@ -1,0 +1,81 @@
+from pathlib import Path
+
+import pytest
+
+from gpuscope.config import ConfigError, load_settings
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gpuscope.yml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    s = load_settings()
+    assert s.sample_interval == 1.0
+    assert s.web.listen_address == ":9847"
+    assert s.processes.cmdline is False
+    assert s.idle_dips.threshold == 0.25
+
+
+def test_file_values_with_durations(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, "sample_interval: 500ms\nweb:\n  listen_address: 127.0.0.1:9000\n"
+                                      "idle_dips:\n  threshold: 0.3\n"))
+    assert s.sample_interval == 0.5
+    assert s.web.listen_address == "127.0.0.1:9000"
+    assert s.idle_dips.threshold == 0.3
+
+
+def test_precedence_flags_over_env_over_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, "sample_interval: 5\nweb:\n  listen_address: ':1111'\nlog_level: debug\n")
+    monkeypatch.setenv("GPUSCOPE_SAMPLE_INTERVAL", "2s")
+    monkeypatch.setenv("GPUSCOPE_WEB__LISTEN_ADDRESS", ":2222")
+    s = load_settings(path, {"web": {"listen_address": ":3333"}})
+    assert s.sample_interval == 2.0  # env beats the file
+    assert s.web.listen_address == ":3333"  # the flag beats the env
+    assert s.log_level == "debug"  # untouched file value survives the merge
+
+
+def test_errors_name_every_offending_key_path(tmp_path: Path) -> None:
+    path = write(tmp_path, "sample_interval: fast\nweb:\n  listen_adress: ':1'\nidle_dips:\n  threshold: 2\n"
+                           "colour: blue\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    problems = info.value.problems
+    assert any(p.startswith("sample_interval:") and "'fast'" in p for p in problems)
+    assert "web.listen_adress: unknown key" in problems
+    assert any(p.startswith("idle_dips.threshold:") for p in problems)
+    assert "colour: unknown key" in problems
+    assert str(path) in str(info.value)
+
+
+def test_interval_bounds(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="sample_interval"):
+        load_settings(write(tmp_path, "sample_interval: 1ms\n"))
+
+
+def test_bad_yaml_names_the_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="line 2"):
+        load_settings(write(tmp_path, "log_level: info\n  web: x\n"))
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="mapping"):
+        load_settings(write(tmp_path, "- a\n- b\n"))
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(tmp_path / "absent.yml")
+
+
+def test_bad_env_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSCOPE_SAMPLE_INTERVAL", "soon")
+    with pytest.raises(ConfigError, match="GPUSCOPE_"):
+        load_settings()
+
+
+def test_retry_max_not_below_initial(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nvml\.retry_max"):
+        load_settings(write(tmp_path, "nvml:\n  retry_initial: 10s\n  retry_max: 1s\n"))
