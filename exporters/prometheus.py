@@ -1,0 +1,254 @@
+"""Prometheus exposition of the latest Snapshot, as a custom ``prometheus_client`` collector.
+
+Every scrape builds fresh metric families from whatever snapshot the source returns, so a process
+or GPU that is gone from the snapshot is gone from the output: there is no labelled state to prune.
+A reading that is None in the snapshot is left out, never exported as 0. The catalogue of names,
+types, units and labels is docs/metrics.md; tests/test_exporter.py keeps the two equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuscope.clock_events import CLOCK_EVENT_REASONS
+from gpuscope.snapshot import GpuReading, ProcessReading, Snapshot
+from gpuscope.version import __version__
+
+CMDLINE_MAX_CHARS = 256  # keeps label values (and series size) bounded for long argv lists
+
+GPU_LABELS = ("gpu", "uuid")
+PROCESS_LABELS = ("gpu", "uuid", "pid", "process", "user", "container_id")
+
+
+class _Reading(NamedTuple):
+    """One plain per-GPU reading: a GpuReading attribute exported as one series per GPU."""
+
+    attr: str
+    name: str  # for counters, without the ``_total`` suffix (prometheus_client appends it)
+    counter: bool
+    unit: str
+    help: str
+
+
+# The per-GPU readings that map one attribute to one series, in export order.
+_GPU_EARLY_READINGS: tuple[_Reading, ...] = (
+    _Reading("utilization_ratio", "gpu_utilization_ratio", False, "ratio",
+             "Fraction of time (0-1) during which at least one kernel was running on the GPU, "
+             "the mean of the driver's utilization samples in the last sampling interval."),
+    _Reading("memory_utilization_ratio", "gpu_memory_utilization_ratio", False, "ratio",
+             "Fraction of time (0-1) during which device memory was being read or written "
+             "over the driver's last sample period."),
+    _Reading("memory_used_bytes", "gpu_memory_used_bytes", False, "bytes",
+             "Device memory allocated by contexts, in bytes (memory reserved by the driver excluded)."),
+    _Reading("memory_reserved_bytes", "gpu_memory_reserved_bytes", False, "bytes",
+             "Device memory reserved by the driver and firmware, in bytes."),
+    _Reading("memory_total_bytes", "gpu_memory_total_bytes", False, "bytes",
+             "Total device memory, in bytes."),
+    _Reading("power_watts", "gpu_power_watts", False, "watts",
+             "Power draw of the GPU board, in watts."),
+    _Reading("power_limit_watts", "gpu_power_limit_watts", False, "watts",
+             "Power limit enforced by the driver, in watts."),
+    _Reading("energy_joules_total", "gpu_energy_joules", True, "joules",
+             "Energy consumed by the GPU, in joules (monotonic across driver counter resets)."),
+    _Reading("temperature_celsius", "gpu_temperature_celsius", False, "celsius",
+             "GPU core temperature, in degrees Celsius."),
+    _Reading("sm_clock_hertz", "gpu_sm_clock_hertz", False, "hertz",
+             "Current streaming multiprocessor (SM) clock, in hertz."),
+    _Reading("memory_clock_hertz", "gpu_memory_clock_hertz", False, "hertz",
+             "Current memory clock, in hertz."),
+)
+# ... gpu_clock_event_active comes here in the export order ...
+_GPU_PCIE_READINGS: tuple[_Reading, ...] = (
+    _Reading("pcie_tx_bytes_total", "gpu_pcie_tx_bytes", True, "bytes",
+             "Data transmitted by the GPU over PCIe, in bytes."),
+    _Reading("pcie_rx_bytes_total", "gpu_pcie_rx_bytes", True, "bytes",
+             "Data received by the GPU over PCIe, in bytes."),
+)
+# ... gpu_xid_errors_total comes here in the export order ...
+_GPU_LATE_READINGS: tuple[_Reading, ...] = (
+    _Reading("ecc_uncorrected_errors_total", "gpu_ecc_uncorrected_errors", True, "",
+             "Uncorrected ECC errors since the driver was last loaded (volatile count), in errors."),
+    _Reading("sm_active_ratio", "gpu_sm_active_ratio", False, "ratio",
+             "Fraction of time (0-1) at least one warp was resident on an SM, averaged over all SMs."),
+    _Reading("sm_occupancy_ratio", "gpu_sm_occupancy_ratio", False, "ratio",
+             "Resident warps as a fraction (0-1) of the maximum an SM can hold, averaged over all SMs."),
+    _Reading("tensor_active_ratio", "gpu_tensor_active_ratio", False, "ratio",
+             "Fraction of time (0-1) the tensor cores were active, averaged over all SMs."),
+    _Reading("dram_active_ratio", "gpu_dram_active_ratio", False, "ratio",
+             "Fraction of time (0-1) the device memory interface was busy sending or receiving data."),
+    _Reading("idle_dips_total", "gpu_idle_dips", True, "",
+             "Runs of driver utilization samples below the idle-dip threshold between busier samples, "
+             "in dips since the agent started."),
+)
+
+_HELP_GPU_INFO = ("Facts about the GPU (value always 1): model name, PCI bus id and driver version.")
+_HELP_GPU_UP = "Whether the GPU could be read in the last sampling tick (1) or not (0)."
+_HELP_CLOCK_EVENT = ("Whether a clock event (throttle) reason is active (1) or not (0), "
+                     "one series per reason the agent knows.")
+_HELP_XID = "Xid error events reported by the driver since the agent started, by Xid code, in events."
+_HELP_PROCESSES = "Number of compute processes holding a context on the GPU."
+_HELP_PROC_MEMORY = "Device memory used by the process on this GPU, in bytes."
+_HELP_PROC_SM = ("Fraction of time (0-1) during which a kernel of the process was running on this GPU "
+                 "over the last sampling interval.")
+_HELP_PROC_INFO = ("A process holding a context on the GPU (value always 1), with its type "
+                   "(compute or graphics) and host details.")
+_HELP_BUILD_INFO = "Build facts about the gpuscope agent (value always 1)."
+_HELP_NVML_UP = "Whether the NVML library is initialised and answering (1) or not (0)."
+_HELP_GPUS = "Number of GPUs discovered by NVML."
+_HELP_SAMPLE_DURATION = "Time the last sampling tick took, in seconds."
+_HELP_LAST_SAMPLE = "Unix time at which the last sampling tick finished, in seconds."
+_HELP_SAMPLE_ERRORS = "Failed readings since the agent started, by reading, in failures."
+
+_Family = GaugeMetricFamily | CounterMetricFamily
+_CLOCK_EVENT_NAMES: tuple[str, ...] = tuple(CLOCK_EVENT_REASONS.values())
+
+
+class GpuscopeCollector(Collector):
+    """Renders the latest Snapshot from ``source`` as Prometheus metric families on every scrape.
+
+    ``source`` returns None before the first sampling tick; only the build info and
+    ``gpuscope_nvml_up 0`` are exported then. ``include_cmdline`` adds a ``cmdline`` label to the
+    per-process series (off by default: command lines can hold secrets and are high-cardinality).
+    """
+
+    def __init__(self, source: Callable[[], Snapshot | None], *, include_cmdline: bool = False) -> None:
+        self._source = source
+        self._include_cmdline = include_cmdline
+        self._process_labels: tuple[str, ...] = (
+            (*PROCESS_LABELS, "cmdline") if include_cmdline else PROCESS_LABELS
+        )
+
+    def describe(self) -> Iterable[Metric]:
+        # Empty on purpose: registering must not trigger a collect (the sampler may not run yet).
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        snapshot = self._source()
+        families: list[Metric] = [
+            _gauge("gpuscope_build_info", _HELP_BUILD_INFO, ("version",), [((__version__,), 1)])
+        ]
+        if snapshot is None:
+            families.append(_gauge("gpuscope_nvml_up", _HELP_NVML_UP, (), [((), 0)]))
+            return families
+        families.extend(_agent_families(snapshot))
+        families.extend(_gpu_families(snapshot))
+        families.extend(self._process_families(snapshot.gpus))
+        return [family for family in families if family.samples]
+
+    def _process_families(self, gpus: Iterable[GpuReading]) -> list[Metric]:
+        labelnames = self._process_labels
+        memory = GaugeMetricFamily("gpu_process_memory_used_bytes", _HELP_PROC_MEMORY,
+                                   labels=labelnames, unit="bytes")
+        sm = GaugeMetricFamily("gpu_process_sm_utilization_ratio", _HELP_PROC_SM,
+                               labels=labelnames, unit="ratio")
+        info = GaugeMetricFamily("gpu_process_info", _HELP_PROC_INFO, labels=(*labelnames, "type"))
+        for gpu in gpus:
+            if not gpu.up:
+                continue
+            gpu_label = str(gpu.index)
+            # NVML lists a process holding both a compute and a graphics context twice; the series
+            # without the ``type`` label must appear once, so the first known value wins.
+            # The same (pid, kind) listed twice would be a duplicate series and fail the whole scrape.
+            info_seen: set[tuple[int, str]] = set()
+            memory_seen: set[int] = set()
+            sm_seen: set[int] = set()
+            for process in gpu.processes:
+                labels = self._process_label_values(gpu_label, gpu.uuid, process)
+                if (process.pid, process.kind) not in info_seen:
+                    info_seen.add((process.pid, process.kind))
+                    info.add_metric((*labels, process.kind), 1)
+                if process.memory_used_bytes is not None and process.pid not in memory_seen:
+                    memory_seen.add(process.pid)
+                    memory.add_metric(labels, process.memory_used_bytes)
+                if process.sm_utilization_ratio is not None and process.pid not in sm_seen:
+                    sm_seen.add(process.pid)
+                    sm.add_metric(labels, process.sm_utilization_ratio)
+        return [memory, sm, info]
+
+    def _process_label_values(self, gpu_label: str, uuid: str, process: ProcessReading) -> tuple[str, ...]:
+        if process.host_visible:
+            values: tuple[str, ...] = (
+                gpu_label, uuid, str(process.pid),
+                process.name or "", process.user or "", process.container_id or "",
+            )
+        else:
+            values = (gpu_label, uuid, str(process.pid), "", "", "")
+        if self._include_cmdline:
+            cmdline = process.cmdline if process.host_visible else None
+            values = (*values, " ".join(cmdline)[:CMDLINE_MAX_CHARS] if cmdline else "")
+        return values
+
+
+def _gauge(name: str, help_text: str, labelnames: tuple[str, ...],
+           samples: Iterable[tuple[tuple[str, ...], float]], unit: str = "") -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, help_text, labels=labelnames, unit=unit)
+    for labels, value in samples:
+        family.add_metric(labels, value)
+    return family
+
+
+def _agent_families(snapshot: Snapshot) -> list[Metric]:
+    errors = CounterMetricFamily("gpuscope_sample_errors", _HELP_SAMPLE_ERRORS, labels=("reading",))
+    for reading in sorted(snapshot.sample_errors):
+        errors.add_metric((reading,), snapshot.sample_errors[reading])
+    return [
+        _gauge("gpuscope_nvml_up", _HELP_NVML_UP, (), [((), 1 if snapshot.nvml_up else 0)]),
+        _gauge("gpuscope_gpus", _HELP_GPUS, (), [((), len(snapshot.gpus))]),
+        _gauge("gpuscope_sample_duration_seconds", _HELP_SAMPLE_DURATION, (),
+               [((), snapshot.sample_duration_seconds)], unit="seconds"),
+        _gauge("gpuscope_last_sample_timestamp_seconds", _HELP_LAST_SAMPLE, (),
+               [((), snapshot.timestamp)], unit="seconds"),
+        errors,
+    ]
+
+
+def _gpu_families(snapshot: Snapshot) -> list[Metric]:
+    driver_version = snapshot.driver_version or ""
+    info = GaugeMetricFamily("gpu_info", _HELP_GPU_INFO,
+                             labels=(*GPU_LABELS, "name", "pci_bus_id", "driver_version"))
+    up = GaugeMetricFamily("gpu_up", _HELP_GPU_UP, labels=GPU_LABELS)
+    early, pcie, late = (_reading_families(specs) for specs in
+                         (_GPU_EARLY_READINGS, _GPU_PCIE_READINGS, _GPU_LATE_READINGS))
+    readings = early + pcie + late
+    clock_events = GaugeMetricFamily("gpu_clock_event_active", _HELP_CLOCK_EVENT,
+                                     labels=(*GPU_LABELS, "reason"))
+    xid = CounterMetricFamily("gpu_xid_errors", _HELP_XID, labels=(*GPU_LABELS, "xid"))
+    processes = GaugeMetricFamily("gpu_processes", _HELP_PROCESSES, labels=GPU_LABELS)
+
+    for gpu in snapshot.gpus:
+        labels = (str(gpu.index), gpu.uuid)
+        info.add_metric((*labels, gpu.name, gpu.pci_bus_id, driver_version), 1)
+        up.add_metric(labels, 1 if gpu.up else 0)
+        # Counters must not vanish while the GPU is known, even when it cannot be read right now.
+        for code in sorted(gpu.xid_errors):
+            xid.add_metric((*labels, str(code)), gpu.xid_errors[code])
+        if not gpu.up:
+            continue
+        for attr, family in readings:
+            value = getattr(gpu, attr)
+            if value is not None:
+                family.add_metric(labels, value)
+        reasons = gpu.clock_event_reasons
+        if reasons is not None:
+            for reason in _CLOCK_EVENT_NAMES:
+                clock_events.add_metric((*labels, reason), 1 if reason in reasons else 0)
+        processes.add_metric(labels, sum(1 for p in gpu.processes if p.kind == "compute"))
+
+    return [
+        info, up,
+        *(family for _, family in early), clock_events,
+        *(family for _, family in pcie), xid,
+        *(family for _, family in late), processes,
+    ]
+
+
+def _reading_families(specs: Iterable[_Reading]) -> list[tuple[str, _Family]]:
+    return [
+        (spec.attr, (CounterMetricFamily if spec.counter else GaugeMetricFamily)(
+            spec.name, spec.help, labels=GPU_LABELS, unit=spec.unit))
+        for spec in specs
+    ]

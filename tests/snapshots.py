@@ -1,0 +1,157 @@
+"""Builders of realistic Snapshot objects for tests (an 8-GPU H100 80GB HBM3 node by default).
+
+Every builder takes keyword overrides for any field, so a test states only what it is about::
+
+    snap = make_snapshot(gpus=[make_gpu(0, power_watts=None), make_gpu(1, up=False)])
+
+Values are deterministic (derived from the index or pid), so golden files stay stable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from gpuscope.snapshot import GpuReading, ProcessReading, Snapshot, UtilizationSample
+
+GIB = 1024**3
+MIB = 1024**2
+
+H100_NAME = "NVIDIA H100 80GB HBM3"
+H100_MEMORY_TOTAL_BYTES = 81_559 * MIB  # what nvmlDeviceGetMemoryInfo_v2 reports on an H100 SXM5
+H100_MEMORY_RESERVED_BYTES = 553 * MIB
+H100_POWER_LIMIT_WATTS = 700.0
+DRIVER_VERSION = "550.54.15"
+HOSTNAME = "gpu-node-07"
+# PCI bus ids of the eight GPUs of a DGX H100, in NVML index order.
+PCI_BUS_IDS = (
+    "00000000:18:00.0", "00000000:2A:00.0", "00000000:3A:00.0", "00000000:5D:00.0",
+    "00000000:9A:00.0", "00000000:AB:00.0", "00000000:BA:00.0", "00000000:DB:00.0",
+)
+SNAPSHOT_TIMESTAMP = 1_717_171_717.25  # fixed wall clock so golden files do not change
+CONTAINER_ID = "3f4e1c2b9a8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f"
+
+
+def gpu_uuid(index: int) -> str:
+    """A well-formed, deterministic GPU UUID."""
+    return f"GPU-{index:08x}-5a1c-7d3e-9b2f-{0x4e6a8c0d1b3f + index:012x}"
+
+
+def make_process(pid: int = 4242, **overrides: Any) -> ProcessReading:
+    """A PyTorch training process holding 18 GiB on a GPU, visible on the host, inside a container."""
+    fields: dict[str, Any] = {
+        "pid": pid,
+        "kind": "compute",
+        "memory_used_bytes": 18 * GIB + (pid % 7) * 256 * MIB,
+        "sm_utilization_ratio": round(0.55 + (pid % 5) * 0.08, 2),
+        "host_visible": True,
+        "name": "python3",
+        "user": "alice",
+        "container_id": CONTAINER_ID,
+        "cmdline": ("python3", "-m", "torch.distributed.run", "--nproc-per-node=8", "train.py",
+                    "--config", "configs/llama-7b.yaml"),
+    }
+    fields.update(overrides)
+    return ProcessReading(**fields)
+
+
+def make_processes(gpu_index: int, count: int = 4, **overrides: Any) -> tuple[ProcessReading, ...]:
+    """``count`` compute processes with distinct pids for GPU ``gpu_index``."""
+    return tuple(make_process(10_000 + gpu_index * 100 + i, **overrides) for i in range(count))
+
+
+def utilization_samples(mean: float, count: int = 6, start_us: int = 1_717_171_716_000_000) -> tuple[
+        UtilizationSample, ...]:
+    """``count`` driver samples ~166 ms apart whose values average exactly ``mean``."""
+    return tuple(UtilizationSample(start_us + i * 166_667, mean) for i in range(count))
+
+
+def make_gpu(index: int = 0, **overrides: Any) -> GpuReading:
+    """A busy, healthy H100 with every reading present and two compute processes.
+
+    Clock events, Xid errors and processes default to "none active" / empty; pass them to test those.
+    """
+    utilization = round(0.9 - index * 0.01, 2)
+    fields: dict[str, Any] = {
+        "index": index,
+        "uuid": gpu_uuid(index),
+        "name": H100_NAME,
+        "pci_bus_id": PCI_BUS_IDS[index % len(PCI_BUS_IDS)],
+        "up": True,
+        "mig_enabled": False,
+        "utilization_ratio": utilization,
+        "utilization_samples": utilization_samples(utilization),
+        "memory_utilization_ratio": round(0.42 + index * 0.01, 2),
+        "memory_used_bytes": 38 * GIB + index * 512 * MIB,
+        "memory_reserved_bytes": H100_MEMORY_RESERVED_BYTES,
+        "memory_total_bytes": H100_MEMORY_TOTAL_BYTES,
+        "power_watts": 512.25 + index,
+        "power_limit_watts": H100_POWER_LIMIT_WATTS,
+        "energy_joules_total": 123_456_789.5 + index * 1000,
+        "temperature_celsius": 54.0 + index,
+        "sm_clock_hertz": 1_980_000_000.0,
+        "memory_clock_hertz": 2_619_000_000.0,
+        "clock_event_reasons": frozenset(),
+        "pcie_tx_bytes_total": 9.5e12 + index,
+        "pcie_rx_bytes_total": 2.25e13 + index,
+        "xid_errors": {},
+        "ecc_uncorrected_errors_total": 0,
+        "sm_active_ratio": 0.81,
+        "sm_occupancy_ratio": 0.37,
+        "tensor_active_ratio": 0.44,
+        "dram_active_ratio": 0.29,
+        "idle_dips_total": 3 + index,
+        "processes": make_processes(index, 2),
+    }
+    fields.update(overrides)
+    return GpuReading(**fields)
+
+
+def make_gpus(count: int = 8, processes_per_gpu: int = 2, **overrides: Any) -> tuple[GpuReading, ...]:
+    """``count`` GPUs numbered from 0, each with ``processes_per_gpu`` compute processes."""
+    return tuple(
+        make_gpu(i, processes=make_processes(i, processes_per_gpu), **overrides) for i in range(count)
+    )
+
+
+def make_snapshot(gpus: Iterable[GpuReading] | None = None, **overrides: Any) -> Snapshot:
+    """A snapshot of a healthy node; ``gpus`` defaults to ``make_gpus()`` (8 H100s)."""
+    fields: dict[str, Any] = {
+        "timestamp": SNAPSHOT_TIMESTAMP,
+        "hostname": HOSTNAME,
+        "nvml_up": True,
+        "driver_version": DRIVER_VERSION,
+        "gpus": tuple(make_gpus() if gpus is None else gpus),
+        "sample_duration_seconds": 0.0125,
+        "sample_errors": {},
+        "interval_seconds": 1.0,
+        "monotonic": 1000.0,
+    }
+    fields.update(overrides)
+    return Snapshot(**fields)
+
+
+def make_full_snapshot() -> Snapshot:
+    """Every reading present and every label used: throttling, Xid errors, graphics and
+    host-invisible processes, sample errors. Renders every family in the catalogue."""
+    gpu0 = make_gpu(
+        0,
+        clock_event_reasons=frozenset({"sw_power_cap", "hw_slowdown"}),
+        xid_errors={79: 1, 13: 2},
+        ecc_uncorrected_errors_total=2,
+        processes=(
+            make_process(4242),
+            make_process(4243, kind="graphics", memory_used_bytes=64 * MIB, sm_utilization_ratio=0.0,
+                         name="Xorg", user="root", container_id=None, cmdline=("/usr/lib/xorg/Xorg", ":0")),
+            make_process(5150, host_visible=False, name=None, user=None, container_id=None, cmdline=None),
+        ),
+    )
+    gpu1 = make_gpu(1, clock_event_reasons=frozenset({"gpu_idle"}), utilization_ratio=0.0,
+                    utilization_samples=utilization_samples(0.0), processes=())
+    return make_snapshot(gpus=(gpu0, gpu1), sample_errors={"gpm": 3, "process_utilization": 1})
+
+
+def with_gpus(snapshot: Snapshot, gpus: Sequence[GpuReading]) -> Snapshot:
+    """``snapshot`` with its GPUs replaced."""
+    return replace(snapshot, gpus=tuple(gpus))

@@ -1,0 +1,424 @@
+"""The Prometheus collector: catalogue, golden exposition, absence semantics, label values.
+
+Regenerate the golden files after an intended change with::
+
+    GPUSCOPE_UPDATE_GOLDEN=1 pytest tests/test_exporter.py -k golden
+
+and review the diff: every changed line is a change to what dashboards and alert rules see.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+from snapshots import (
+    DRIVER_VERSION,
+    MIB,
+    gpu_uuid,
+    make_full_snapshot,
+    make_gpu,
+    make_gpus,
+    make_process,
+    make_snapshot,
+)
+
+from gpuscope.clock_events import CLOCK_EVENT_REASONS
+from gpuscope.exporters.prometheus import CMDLINE_MAX_CHARS, GpuscopeCollector
+from gpuscope.snapshot import GpuReading, Snapshot
+from gpuscope.version import __version__
+
+ROOT = Path(__file__).resolve().parent.parent
+CATALOGUE = ROOT / "docs" / "metrics.md"
+GOLDEN = Path(__file__).resolve().parent / "golden"
+VERSION_PLACEHOLDER = "@VERSION@"
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+def collect(snapshot: Snapshot | None, include_cmdline: bool = False) -> dict[str, Metric]:
+    """The families one scrape yields, by exposed name (counters with ``_total``)."""
+    collector = GpuscopeCollector(lambda: snapshot, include_cmdline=include_cmdline)
+    return {_exposed_name(m): m for m in collector.collect()}
+
+
+def render(snapshot: Snapshot | None, include_cmdline: bool = False, openmetrics: bool = False) -> str:
+    registry = CollectorRegistry()
+    registry.register(GpuscopeCollector(lambda: snapshot, include_cmdline=include_cmdline))
+    encode = generate_openmetrics if openmetrics else generate_latest
+    return encode(registry).decode()
+
+
+LabelItems = tuple[tuple[str, str], ...]
+
+
+def samples(snapshot: Snapshot | None, name: str, include_cmdline: bool = False) -> dict[LabelItems, float]:
+    """Samples of the family ``name`` as {sorted label items: value}; {} when the family is absent."""
+    family = collect(snapshot, include_cmdline).get(name)
+    if family is None:
+        return {}
+    return {tuple(sorted(s.labels.items())): s.value for s in family.samples}
+
+
+def gpu_values(snapshot: Snapshot, name: str) -> dict[str, float]:
+    """{gpu index label: value} of a per-GPU family without extra labels."""
+    family = collect(snapshot).get(name)
+    return {} if family is None else {s.labels["gpu"]: s.value for s in family.samples}
+
+
+def _exposed_name(metric: Metric) -> str:
+    return metric.name + "_total" if metric.type == "counter" else metric.name
+
+
+# -- catalogue ---------------------------------------------------------------------------------------
+
+
+class CatalogueRow(NamedTuple):
+    name: str
+    type: str
+    unit: str
+    labels: frozenset[str]
+    help: str
+
+
+def parse_catalogue(text: str) -> list[CatalogueRow]:
+    """The metric rows of docs/metrics.md: ``| `name` | type | `unit` | `l1`, `l2` | source | help |``."""
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        assert len(cells) == 6, f"catalogue row needs 6 cells, got {len(cells)}: {line}"
+        name, typ, unit, labels, _source, help_text = cells
+        unit = unit.strip("`")
+        rows.append(CatalogueRow(
+            name=name.strip("`"),
+            type=typ,
+            unit="" if unit == "-" else unit,
+            labels=frozenset(re.findall(r"`(\w+)`", labels)),
+            help=help_text,
+        ))
+    return rows
+
+
+def test_catalogue_is_well_formed() -> None:
+    rows = parse_catalogue(CATALOGUE.read_text())
+    names = [row.name for row in rows]
+    assert len(names) == len(set(names)), "a metric is documented twice"
+    assert len(rows) >= 30
+    for row in rows:
+        assert row.type in ("gauge", "counter"), row
+        assert row.name.endswith("_total") == (row.type == "counter"), row
+        assert re.fullmatch(r"(gpu|gpuscope)_[a-z_]+", row.name), row
+        assert row.help.endswith("."), f"HELP of {row.name} is not a sentence"
+        if row.unit:
+            assert f"_{row.unit}" in row.name, f"{row.name}: unit {row.unit} not in the name"
+        if row.name.startswith("gpu_"):
+            assert {"gpu", "uuid"} <= row.labels, f"{row.name} lacks the gpu/uuid labels"
+
+
+def test_full_snapshot_renders_exactly_the_catalogue() -> None:
+    documented = set(parse_catalogue(CATALOGUE.read_text()))
+    emitted = set()
+    for family in collect(make_full_snapshot(), include_cmdline=True).values():
+        label_sets = {frozenset(s.labels) for s in family.samples}
+        assert len(label_sets) == 1, f"{family.name}: samples with different label names"
+        emitted.add(CatalogueRow(_exposed_name(family), family.type, family.unit, label_sets.pop(),
+                                 family.documentation))
+    assert emitted - documented == set(), "emitted but not documented (or documented differently)"
+    assert documented - emitted == set(), "documented but not emitted by a fully populated snapshot"
+
+
+def test_every_clock_event_reason_is_exported() -> None:
+    snapshot = make_snapshot(gpus=[make_gpu(0, clock_event_reasons=frozenset({"sw_thermal_slowdown"}))])
+    series = samples(snapshot, "gpu_clock_event_active")
+    got = {dict(labels)["reason"]: value for labels, value in series.items()}
+    assert list(got) == list(CLOCK_EVENT_REASONS.values())
+    assert got == {reason: (1.0 if reason == "sw_thermal_slowdown" else 0.0) for reason in got}
+
+
+# -- golden exposition -------------------------------------------------------------------------------
+
+
+def _degraded_snapshot() -> Snapshot:
+    """A healthy GPU, a GPU that cannot be read (with Xid history) and a MIG GPU missing readings."""
+    healthy = make_gpu(0, processes=(make_process(4242),), idle_dips_total=0)
+    lost = make_gpu(1, up=False, xid_errors={79: 1}, processes=(make_process(7777),))
+    mig = make_gpu(
+        2, mig_enabled=True, utilization_ratio=None, utilization_samples=(), memory_utilization_ratio=None,
+        sm_active_ratio=None, sm_occupancy_ratio=None, tensor_active_ratio=None, dram_active_ratio=None,
+        idle_dips_total=None, clock_event_reasons=None, pcie_tx_bytes_total=None, pcie_rx_bytes_total=None,
+        ecc_uncorrected_errors_total=None,
+        processes=(make_process(8888, sm_utilization_ratio=None, container_id=None),),
+    )
+    return make_snapshot(gpus=(healthy, lost, mig), sample_errors={"gpu_lost": 4})
+
+
+GOLDEN_CASES: dict[str, Callable[[], str]] = {
+    "full.prom": lambda: render(make_full_snapshot(), include_cmdline=True),
+    "full_openmetrics.prom": lambda: render(make_full_snapshot(), include_cmdline=True, openmetrics=True),
+    "default_8gpu.prom": lambda: render(make_snapshot(gpus=make_gpus(8, processes_per_gpu=4))),
+    "degraded.prom": lambda: render(_degraded_snapshot()),
+    "no_snapshot.prom": lambda: render(None),
+}
+
+
+@pytest.mark.parametrize("filename", sorted(GOLDEN_CASES))
+def test_golden_exposition(filename: str) -> None:
+    # The agent version is a placeholder in the files, so a release does not touch them.
+    text = GOLDEN_CASES[filename]().replace(f'version="{__version__}"', f'version="{VERSION_PLACEHOLDER}"')
+    path = GOLDEN / filename
+    if os.environ.get("GPUSCOPE_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(text.encode())
+    assert path.exists(), f"{path} missing; run with GPUSCOPE_UPDATE_GOLDEN=1 to create it"
+    assert text.encode() == path.read_bytes(), f"exposition differs from {path} (GPUSCOPE_UPDATE_GOLDEN=1)"
+
+
+# -- values and absence ------------------------------------------------------------------------------
+
+# (GpuReading attribute, exposed family) for every plain per-GPU reading.
+READINGS = [
+    ("utilization_ratio", "gpu_utilization_ratio"),
+    ("memory_utilization_ratio", "gpu_memory_utilization_ratio"),
+    ("memory_used_bytes", "gpu_memory_used_bytes"),
+    ("memory_reserved_bytes", "gpu_memory_reserved_bytes"),
+    ("memory_total_bytes", "gpu_memory_total_bytes"),
+    ("power_watts", "gpu_power_watts"),
+    ("power_limit_watts", "gpu_power_limit_watts"),
+    ("energy_joules_total", "gpu_energy_joules_total"),
+    ("temperature_celsius", "gpu_temperature_celsius"),
+    ("sm_clock_hertz", "gpu_sm_clock_hertz"),
+    ("memory_clock_hertz", "gpu_memory_clock_hertz"),
+    ("pcie_tx_bytes_total", "gpu_pcie_tx_bytes_total"),
+    ("pcie_rx_bytes_total", "gpu_pcie_rx_bytes_total"),
+    ("ecc_uncorrected_errors_total", "gpu_ecc_uncorrected_errors_total"),
+    ("sm_active_ratio", "gpu_sm_active_ratio"),
+    ("sm_occupancy_ratio", "gpu_sm_occupancy_ratio"),
+    ("tensor_active_ratio", "gpu_tensor_active_ratio"),
+    ("dram_active_ratio", "gpu_dram_active_ratio"),
+    ("idle_dips_total", "gpu_idle_dips_total"),
+]
+
+
+@pytest.mark.parametrize(("attr", "name"), READINGS)
+def test_reading_is_exported_with_its_value(attr: str, name: str) -> None:
+    snapshot = make_snapshot(gpus=make_gpus(2))
+    assert gpu_values(snapshot, name) == {str(g.index): getattr(g, attr) for g in snapshot.gpus}
+
+
+@pytest.mark.parametrize(("attr", "name"), READINGS)
+def test_none_reading_is_absent_not_zero(attr: str, name: str) -> None:
+    snapshot = make_snapshot(gpus=[make_gpu(0, **{attr: None}), make_gpu(1)])
+    assert list(gpu_values(snapshot, name)) == ["1"]
+    only_missing = make_snapshot(gpus=[make_gpu(0, **{attr: None})])
+    assert name not in collect(only_missing), "an empty family must not be exposed (HELP without samples)"
+
+
+@pytest.mark.parametrize(("attr", "name"), READINGS)
+def test_zero_reading_is_exported(attr: str, name: str) -> None:
+    snapshot = make_snapshot(gpus=[make_gpu(0, **{attr: 0})])
+    assert gpu_values(snapshot, name) == {"0": 0.0}
+
+
+def test_down_gpu_exports_only_info_up_and_xid_counters() -> None:
+    down = make_gpu(1, up=False, xid_errors={48: 2, 79: 1}, clock_event_reasons=frozenset({"hw_slowdown"}),
+                    processes=(make_process(9999),))
+    families = collect(make_snapshot(gpus=[make_gpu(0), down]), include_cmdline=True)
+    per_family = {
+        name: sorted(s.value for s in family.samples if s.labels.get("gpu") == "1")
+        for name, family in families.items()
+    }
+    assert {name: values for name, values in per_family.items() if values} == {
+        "gpu_info": [1.0],
+        "gpu_up": [0.0],
+        "gpu_xid_errors_total": [1.0, 2.0],
+    }
+    assert samples(make_snapshot(gpus=[down]), "gpu_xid_errors_total") == {
+        (("gpu", "1"), ("uuid", gpu_uuid(1)), ("xid", "48")): 2.0,
+        (("gpu", "1"), ("uuid", gpu_uuid(1)), ("xid", "79")): 1.0,
+    }
+
+
+def test_before_first_snapshot_only_build_info_and_nvml_down() -> None:
+    families = collect(None)
+    assert list(families) == ["gpuscope_build_info", "gpuscope_nvml_up"]
+    assert samples(None, "gpuscope_build_info") == {(("version", __version__),): 1.0}
+    assert samples(None, "gpuscope_nvml_up") == {(): 0.0}
+
+
+def test_nvml_down_snapshot() -> None:
+    snapshot = make_snapshot(gpus=(), nvml_up=False, driver_version=None, sample_errors={"init": 3})
+    assert sorted(collect(snapshot)) == sorted([
+        "gpuscope_build_info", "gpuscope_nvml_up", "gpuscope_gpus", "gpuscope_sample_duration_seconds",
+        "gpuscope_last_sample_timestamp_seconds", "gpuscope_sample_errors_total",
+    ])
+    assert samples(snapshot, "gpuscope_nvml_up") == {(): 0.0}
+    assert samples(snapshot, "gpuscope_gpus") == {(): 0.0}
+    assert samples(snapshot, "gpuscope_sample_errors_total") == {(("reading", "init"),): 3.0}
+
+
+def test_agent_metrics() -> None:
+    snapshot = make_snapshot(sample_duration_seconds=0.031, timestamp=1_700_000_000.5)
+    assert samples(snapshot, "gpuscope_gpus") == {(): 8.0}
+    assert samples(snapshot, "gpuscope_sample_duration_seconds") == {(): 0.031}
+    assert samples(snapshot, "gpuscope_last_sample_timestamp_seconds") == {(): 1_700_000_000.5}
+    assert "gpuscope_sample_errors_total" not in collect(snapshot), "no errors yet: no series"
+
+
+def test_gpu_info_labels() -> None:
+    got = samples(make_snapshot(gpus=[make_gpu(3)]), "gpu_info")
+    assert got == {(
+        ("driver_version", DRIVER_VERSION), ("gpu", "3"), ("name", "NVIDIA H100 80GB HBM3"),
+        ("pci_bus_id", "00000000:5D:00.0"), ("uuid", gpu_uuid(3)),
+    ): 1.0}
+    unknown_driver = samples(make_snapshot(gpus=[make_gpu(0)], driver_version=None), "gpu_info")
+    assert [dict(labels)["driver_version"] for labels in unknown_driver] == [""]
+
+
+def test_clock_events_absent_when_not_reported() -> None:
+    snapshot = make_snapshot(gpus=[make_gpu(0, clock_event_reasons=None)])
+    assert "gpu_clock_event_active" not in collect(snapshot)
+
+
+def test_unknown_clock_event_reason_is_ignored() -> None:
+    snapshot = make_snapshot(gpus=[make_gpu(0, clock_event_reasons=frozenset({"from_a_future_driver"}))])
+    got = samples(snapshot, "gpu_clock_event_active")
+    assert len(got) == len(CLOCK_EVENT_REASONS)
+    assert set(got.values()) == {0.0}
+
+
+def test_gpu_processes_counts_compute_processes_only() -> None:
+    processes = (make_process(1), make_process(2), make_process(3, kind="graphics"))
+    snapshot = make_snapshot(gpus=[make_gpu(0, processes=processes), make_gpu(1, processes=())])
+    assert gpu_values(snapshot, "gpu_processes") == {"0": 2.0, "1": 0.0}
+
+
+# -- processes ---------------------------------------------------------------------------------------
+
+
+def test_process_series_labels_and_values() -> None:
+    process = make_process(4242, memory_used_bytes=20 * 1024 * MIB, sm_utilization_ratio=0.75)
+    snapshot = make_snapshot(gpus=[make_gpu(5, processes=(process,))])
+    labels = (("container_id", process.container_id), ("gpu", "5"), ("pid", "4242"), ("process", "python3"),
+              ("user", "alice"), ("uuid", gpu_uuid(5)))
+    assert samples(snapshot, "gpu_process_memory_used_bytes") == {labels: 20 * 1024 * MIB}
+    assert samples(snapshot, "gpu_process_sm_utilization_ratio") == {labels: 0.75}
+    assert samples(snapshot, "gpu_process_info") == {tuple(sorted((*labels, ("type", "compute")))): 1.0}
+
+
+def test_cmdline_label_only_when_opted_in() -> None:
+    snapshot = make_snapshot(gpus=[make_gpu(0, processes=(make_process(1),))])
+    for family in collect(snapshot).values():
+        assert all("cmdline" not in s.labels for s in family.samples), family.name
+    opted_in = samples(snapshot, "gpu_process_memory_used_bytes", include_cmdline=True)
+    assert [dict(labels)["cmdline"] for labels in opted_in] == [
+        "python3 -m torch.distributed.run --nproc-per-node=8 train.py --config configs/llama-7b.yaml"
+    ]
+
+
+def test_cmdline_is_truncated() -> None:
+    process = make_process(1, cmdline=("python3", "-c", "x" * 1000))
+    snapshot = make_snapshot(gpus=[make_gpu(0, processes=(process,))])
+    (labels,) = samples(snapshot, "gpu_process_info", include_cmdline=True)
+    cmdline = dict(labels)["cmdline"]
+    assert len(cmdline) == CMDLINE_MAX_CHARS
+    assert cmdline.startswith("python3 -c xxx")
+
+
+def test_process_without_host_details_has_empty_labels() -> None:
+    process = make_process(5150, host_visible=False, name=None, user=None, container_id=None, cmdline=None)
+    snapshot = make_snapshot(gpus=[make_gpu(0, processes=(process,))])
+    (labels,) = samples(snapshot, "gpu_process_info", include_cmdline=True)
+    assert dict(labels) == {"gpu": "0", "uuid": gpu_uuid(0), "pid": "5150", "process": "", "user": "",
+                            "container_id": "", "cmdline": "", "type": "compute"}
+
+
+def test_host_details_ignored_when_not_host_visible() -> None:
+    # A stale name from a recycled pid must not be attributed to the GPU process.
+    process = make_process(5150, host_visible=False)
+    (labels,) = samples(make_snapshot(gpus=[make_gpu(0, processes=(process,))]), "gpu_process_info")
+    assert (dict(labels)["process"], dict(labels)["user"], dict(labels)["container_id"]) == ("", "", "")
+
+
+def test_process_none_readings_are_absent() -> None:
+    process = make_process(1, memory_used_bytes=None, sm_utilization_ratio=None)
+    families = collect(make_snapshot(gpus=[make_gpu(0, processes=(process,))]))
+    assert "gpu_process_memory_used_bytes" not in families
+    assert "gpu_process_sm_utilization_ratio" not in families
+    assert len(families["gpu_process_info"].samples) == 1
+
+
+def test_process_with_compute_and_graphics_contexts_is_not_duplicated() -> None:
+    both = (make_process(77, kind="compute"), make_process(77, kind="graphics"))
+    snapshot = make_snapshot(gpus=[make_gpu(0, processes=both)])
+    assert len(samples(snapshot, "gpu_process_memory_used_bytes")) == 1
+    assert len(samples(snapshot, "gpu_process_sm_utilization_ratio")) == 1
+    assert sorted(dict(labels)["type"] for labels in samples(snapshot, "gpu_process_info")) == [
+        "compute", "graphics"
+    ]
+    # The text must parse back without duplicate series (Prometheus rejects a scrape that has them).
+    lines = [line for line in render(snapshot).splitlines() if not line.startswith("#")]
+    assert len(lines) == len(set(lines))
+
+
+def test_vanished_processes_and_gpus_vanish_from_the_next_scrape() -> None:
+    current: list[Snapshot] = [make_snapshot(gpus=make_gpus(2, processes_per_gpu=2))]
+    collector = GpuscopeCollector(lambda: current[0])
+    first = {m.name: len(m.samples) for m in collector.collect()}
+    assert first["gpu_process_info"] == 4
+    assert first["gpu_up"] == 2
+    current[0] = make_snapshot(gpus=[make_gpu(0, processes=())])
+    second = {m.name: m for m in collector.collect()}
+    assert "gpu_process_info" not in second
+    assert [s.labels["gpu"] for s in second["gpu_up"].samples] == ["0"]
+
+
+def test_describe_does_not_collect() -> None:
+    def source() -> Snapshot | None:
+        raise AssertionError("the source must not be read at registration")
+
+    registry = CollectorRegistry(auto_describe=True)
+    collector = GpuscopeCollector(source)
+    registry.register(collector)
+    assert list(collector.describe()) == []
+
+
+def test_exposition_parses_back_to_the_snapshot_values() -> None:
+    """Round trip through prometheus_client's parser: escaping of odd label values, exact large numbers."""
+    odd = make_process(1, name='we"ird\\name', user="bob\nsmith", cmdline=("a b", "c\td"))
+    gpu = make_gpu(0, processes=(odd,), energy_joules_total=987_654_321_012.5)
+    snapshot = make_snapshot(gpus=[gpu])
+    parsed = {f.name: f for f in text_string_to_metric_families(render(snapshot, include_cmdline=True))}
+    (info,) = parsed["gpu_process_info"].samples
+    assert (info.labels["process"], info.labels["user"], info.labels["cmdline"]) == (
+        'we"ird\\name', "bob\nsmith", "a b c\td")
+    assert parsed["gpu_energy_joules"].samples[0].value == 987_654_321_012.5
+    assert parsed["gpu_memory_total_bytes"].samples[0].value == gpu.memory_total_bytes
+
+
+def test_openmetrics_has_units_and_eof() -> None:
+    text = render(make_snapshot(gpus=[make_gpu(0)]), openmetrics=True)
+    assert "# UNIT gpu_memory_used_bytes bytes\n" in text
+    assert "# UNIT gpu_energy_joules joules\n" in text
+    assert "gpu_energy_joules_total{" in text
+    assert text.endswith("# EOF\n")
+
+
+def test_every_gpu_reading_field_is_covered() -> None:
+    """A reading added to GpuReading must be exported (or listed here as deliberately not)."""
+    not_plain_readings = {
+        "index", "uuid", "name", "pci_bus_id", "up", "mig_enabled", "utilization_samples",
+        "clock_event_reasons", "xid_errors", "processes",
+    }
+    assert {f.name for f in fields(GpuReading)} - not_plain_readings == {attr for attr, _ in READINGS}

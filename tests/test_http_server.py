@@ -1,0 +1,424 @@
+"""The HTTP endpoints, served for real on 127.0.0.1 (port 0), scraped with http.client and promtool."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import re
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+from snapshots import make_full_snapshot, make_snapshot
+
+from gpuscope.exporters.prometheus import GpuscopeCollector
+from gpuscope.http_server import AgentHttpServer, ListenError, parse_listen_address
+from gpuscope.snapshot import Snapshot
+from gpuscope.version import __version__
+
+TIMEOUT = 5.0
+NOW = 5000.0  # the fake monotonic clock; snapshots are stamped relative to it
+
+
+@dataclass
+class FakeSource:
+    """A SnapshotSource whose answers the test sets."""
+
+    snapshot: Snapshot | None = None
+    alive: bool = True
+    interval: float = 1.0
+
+    @property
+    def interval_seconds(self) -> float:
+        return self.interval
+
+    def latest(self) -> Snapshot | None:
+        return self.snapshot
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+@dataclass
+class FakeClock:
+    now: float = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Agent:
+    server: AgentHttpServer
+    source: FakeSource
+    clock: FakeClock
+
+    def request(self, path: str, method: str = "GET", headers: dict[str, str] | None = None,
+                ) -> tuple[int, dict[str, str], bytes]:
+        host, port = self.server.bound_address
+        conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
+        try:
+            conn.request(method, path, headers=headers or {})
+            response = conn.getresponse()
+            body = response.read()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, body
+        finally:
+            conn.close()
+
+
+def fresh_snapshot(**overrides: Any) -> Snapshot:
+    """A snapshot taken half a second before the fake clock's now."""
+    return make_snapshot(**{"monotonic": NOW - 0.5, **overrides})
+
+
+@pytest.fixture
+def agent() -> Iterator[Agent]:
+    source = FakeSource(snapshot=fresh_snapshot())
+    clock = FakeClock()
+    registry = CollectorRegistry()
+    registry.register(GpuscopeCollector(source.latest))
+    server = AgentHttpServer("127.0.0.1:0", registry=registry, source=source, clock=clock)
+    server.start()
+    try:
+        yield Agent(server, source, clock)
+    finally:
+        server.stop()
+
+
+# -- /metrics ----------------------------------------------------------------------------------------
+
+
+def test_metrics_text_format(agent: Agent) -> None:
+    status, headers, body = agent.request("/metrics")
+    assert status == 200
+    assert headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert "content-encoding" not in headers
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert [s.value for s in families["gpuscope_nvml_up"].samples] == [1.0]
+    assert len(families["gpu_up"].samples) == 8
+
+
+def test_metrics_openmetrics_negotiation(agent: Agent) -> None:
+    status, headers, body = agent.request("/metrics", headers={"Accept": "application/openmetrics-text"})
+    assert status == 200
+    assert headers["content-type"].startswith("application/openmetrics-text")
+    assert body.endswith(b"# EOF\n")
+    assert b"# UNIT gpu_power_watts watts\n" in body
+
+
+def test_metrics_prometheus_accept_header_gets_openmetrics(agent: Agent) -> None:
+    # What Prometheus 2.x sends when scraping.
+    accept = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+              "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+    status, headers, _ = agent.request("/metrics", headers={"Accept": accept})
+    assert status == 200
+    assert headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
+
+
+def test_metrics_gzip(agent: Agent) -> None:
+    status, headers, body = agent.request("/metrics", headers={"Accept-Encoding": "gzip"})
+    assert status == 200
+    assert headers["content-encoding"] == "gzip"
+    assert int(headers["content-length"]) == len(body)
+    assert b"gpu_power_watts{" in gzip.decompress(body)
+
+
+def test_metrics_head(agent: Agent) -> None:
+    status, headers, body = agent.request("/metrics", method="HEAD")
+    assert status == 200
+    assert body == b""
+    assert int(headers["content-length"]) > 1000
+
+
+def test_metrics_before_first_snapshot(agent: Agent) -> None:
+    agent.source.snapshot = None
+    status, _, body = agent.request("/metrics")
+    assert status == 200
+    names = [f.name for f in text_string_to_metric_families(body.decode())]
+    assert names == ["gpuscope_build_info", "gpuscope_nvml_up"]
+
+
+def test_metrics_collector_error_is_a_500_and_the_server_survives(agent: Agent,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        def collect(self) -> list[object]:
+            raise RuntimeError("boom")
+
+    registry = CollectorRegistry()
+    registry.register(Broken())  # type: ignore[arg-type]
+    broken = AgentHttpServer("127.0.0.1:0", registry=registry, source=agent.source)
+    broken.start()
+    try:
+        host, port = broken.bound_address
+        conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
+        conn.request("GET", "/metrics")
+        response = conn.getresponse()
+        assert response.status == 500
+        assert b"boom" not in response.read()
+        conn.close()
+        assert "boom" in caplog.text
+        conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
+        conn.request("GET", "/-/healthy")
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        broken.stop()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not on PATH (apt install prometheus)")
+@pytest.mark.parametrize("include_cmdline", [False, True])
+def test_promtool_check_metrics_on_a_real_scrape(include_cmdline: bool) -> None:
+    source = FakeSource(snapshot=make_full_snapshot())
+    registry = CollectorRegistry()
+    registry.register(GpuscopeCollector(source.latest, include_cmdline=include_cmdline))
+    server = AgentHttpServer("127.0.0.1:0", registry=registry, source=source)
+    server.start()
+    try:
+        status, _, body = Agent(server, source, FakeClock()).request("/metrics")
+    finally:
+        server.stop()
+    assert status == 200
+    result = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, timeout=30,
+                            check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"", b""), result
+
+
+# -- probes and API ----------------------------------------------------------------------------------
+
+
+def test_index_page(agent: Agent) -> None:
+    status, headers, body = agent.request("/")
+    assert status == 200
+    assert headers["content-type"] == "text/html; charset=utf-8"
+    page = body.decode()
+    for link in ("/metrics", "/-/healthy", "/-/ready", "/api/v1/snapshot"):
+        assert f'href="{link}"' in page
+    assert __version__ in page
+
+
+def test_healthy(agent: Agent) -> None:
+    assert agent.request("/-/healthy")[0::2] == (200, b"OK\n")
+    agent.source.alive = False
+    status, headers, body = agent.request("/-/healthy")
+    assert status == 503
+    assert headers["content-type"] == "text/plain; charset=utf-8"
+    assert b"not running" in body
+
+
+def test_ready_when_fresh(agent: Agent) -> None:
+    status, headers, body = agent.request("/-/ready")
+    assert (status, body) == (200, b"OK\n")
+    assert headers["content-type"] == "text/plain; charset=utf-8"
+
+
+def test_not_ready_before_first_snapshot(agent: Agent) -> None:
+    agent.source.snapshot = None
+    status, _, body = agent.request("/-/ready")
+    assert status == 503
+    assert body.count(b"\n") == 1
+    assert b"no snapshot" in body
+
+
+def test_not_ready_when_nvml_is_down(agent: Agent) -> None:
+    agent.source.snapshot = fresh_snapshot(nvml_up=False, gpus=())
+    status, _, body = agent.request("/-/ready")
+    assert status == 503
+    assert b"NVML" in body
+
+
+def test_not_ready_when_stale(agent: Agent) -> None:
+    agent.source.interval = 2.0
+    agent.clock.now = NOW - 0.5 + 5.9  # 5.9 s old, limit 3 x 2 s
+    assert agent.request("/-/ready")[0] == 200
+    agent.clock.now = NOW - 0.5 + 6.5
+    status, _, body = agent.request("/-/ready")
+    assert status == 503
+    assert b"6.5 s old" in body
+    assert body.count(b"\n") == 1
+    # The sampler catches up: ready again.
+    agent.source.snapshot = fresh_snapshot(monotonic=agent.clock.now - 0.1)
+    assert agent.request("/-/ready")[0] == 200
+
+
+def test_ready_uses_the_real_monotonic_clock_by_default() -> None:
+    source = FakeSource(snapshot=make_snapshot(monotonic=time.monotonic()))
+    server = AgentHttpServer("127.0.0.1:0", registry=CollectorRegistry(), source=source)
+    server.start()
+    try:
+        agent = Agent(server, source, FakeClock())
+        assert agent.request("/-/ready")[0] == 200
+        source.snapshot = make_snapshot(monotonic=time.monotonic() - 10)
+        assert agent.request("/-/ready")[0] == 503
+    finally:
+        server.stop()
+
+
+def test_snapshot_json(agent: Agent) -> None:
+    snapshot = make_full_snapshot()
+    agent.source.snapshot = snapshot
+    status, headers, body = agent.request("/api/v1/snapshot")
+    assert status == 200
+    assert headers["content-type"] == "application/json"
+    data = json.loads(body)
+    assert data == json.loads(json.dumps(snapshot.to_json()))
+    assert data["gpus"][0]["xid_errors"] == {"13": 2, "79": 1}
+    assert data["gpus"][0]["clock_event_reasons"] == ["hw_slowdown", "sw_power_cap"]
+
+
+def test_snapshot_json_before_first_snapshot(agent: Agent) -> None:
+    agent.source.snapshot = None
+    status, headers, body = agent.request("/api/v1/snapshot")
+    assert status == 503
+    assert headers["content-type"] == "application/json"
+    assert "no snapshot" in json.loads(body)["error"]
+
+
+@pytest.mark.parametrize("path", ["/nope", "/metrics/", "/-/", "/api/v1/snapshot/x", "/favicon.ico"])
+def test_unknown_path_is_404(agent: Agent, path: str) -> None:
+    assert agent.request(path)[0] == 404
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "OPTIONS", "PATCH"])
+@pytest.mark.parametrize("path", ["/metrics", "/-/ready", "/"])
+def test_other_methods_are_405(agent: Agent, method: str, path: str) -> None:
+    status, headers, _ = agent.request(path, method=method)
+    assert status == 405
+    assert headers["allow"] == "GET, HEAD"
+
+
+def test_requests_are_not_logged_to_stderr(agent: Agent, capfd: pytest.CaptureFixture[str]) -> None:
+    for path in ("/metrics", "/-/ready", "/nope"):
+        agent.request(path)
+    assert capfd.readouterr().err == ""
+
+
+# -- listening ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (":9847", ("", 9847)),
+    ("127.0.0.1:0", ("127.0.0.1", 0)),
+    ("[::1]:9847", ("::1", 9847)),
+    ("[fe80::1%eth0]:80", ("fe80::1%eth0", 80)),
+    ("localhost:9847", ("localhost", 9847)),
+    ("gpu-node-07.example.org:65535", ("gpu-node-07.example.org", 65535)),
+    ("0.0.0.0:9847", ("0.0.0.0", 9847)),
+])
+def test_parse_listen_address(value: str, expected: tuple[str, int]) -> None:
+    assert parse_listen_address(value) == expected
+
+
+@pytest.mark.parametrize("value", [
+    "", "9847", ":", "localhost:", "localhost", ":http", ":-1", ":65536", ":99999999", ":+80", ": 80",
+    "::1:9847", "[::1]", "[::1]9847", "[::1:9847", "[127.0.0.1]:80", "[]:80", "[nothost]:80",
+    "host name:80", "http://localhost:9847", "localhost:9847/metrics", ":٣",
+])
+def test_bad_listen_address_is_a_value_error_naming_it(value: str) -> None:
+    with pytest.raises(ValueError, match="invalid listen address") as excinfo:
+        parse_listen_address(value)
+    assert repr(value) in str(excinfo.value)
+
+
+def test_bad_listen_address_rejected_by_the_constructor() -> None:
+    with pytest.raises(ValueError, match="'9847'"):
+        AgentHttpServer("9847", registry=CollectorRegistry(), source=FakeSource())
+
+
+def test_port_zero_binds_a_real_port(agent: Agent) -> None:
+    host, port = agent.server.bound_address
+    assert host == "127.0.0.1"
+    assert 0 < port < 65536
+
+
+def test_localhost(agent: Agent) -> None:
+    server = AgentHttpServer("localhost:0", registry=CollectorRegistry(), source=agent.source)
+    server.start()
+    try:
+        host, _ = server.bound_address
+        assert host in ("127.0.0.1", "::1")
+        assert Agent(server, agent.source, agent.clock).request("/-/healthy")[0] == 200
+    finally:
+        server.stop()
+
+
+def _ipv6_loopback_available() -> bool:
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback_available(), reason="no IPv6 loopback on this machine")
+def test_ipv6_loopback(agent: Agent) -> None:
+    server = AgentHttpServer("[::1]:0", registry=CollectorRegistry(), source=agent.source)
+    server.start()
+    try:
+        assert server.bound_address[0] == "::1"
+        assert Agent(server, agent.source, agent.clock).request("/-/healthy")[0] == 200
+    finally:
+        server.stop()
+
+
+def test_address_in_use_raises_listen_error_naming_the_address(agent: Agent) -> None:
+    _, port = agent.server.bound_address
+    address = f"127.0.0.1:{port}"
+    second = AgentHttpServer(address, registry=CollectorRegistry(), source=agent.source)
+    with pytest.raises(ListenError, match=re.escape(f"cannot listen on '{address}'")) as excinfo:
+        second.start()
+    assert isinstance(excinfo.value, OSError)
+    assert excinfo.value.errno is not None
+    with pytest.raises(RuntimeError):
+        _ = second.bound_address
+
+
+def test_unresolvable_host_raises_listen_error() -> None:
+    server = AgentHttpServer("no-such-host.invalid:0", registry=CollectorRegistry(), source=FakeSource())
+    with pytest.raises(ListenError, match=re.escape("'no-such-host.invalid:0'")):
+        server.start()
+
+
+def test_stop_closes_the_socket_promptly(agent: Agent) -> None:
+    host, port = agent.server.bound_address
+    started = time.monotonic()
+    agent.server.stop()
+    assert time.monotonic() - started < 1.0
+    with pytest.raises(ConnectionRefusedError), socket.create_connection((host, port), timeout=TIMEOUT):
+        pass
+    agent.server.stop()  # idempotent
+
+
+def test_start_twice_is_an_error(agent: Agent) -> None:
+    with pytest.raises(RuntimeError, match="already started"):
+        agent.server.start()
+
+
+def test_restart_after_stop_on_the_same_port(agent: Agent) -> None:
+    _, port = agent.server.bound_address
+    agent.server.stop()
+    again = AgentHttpServer(f"127.0.0.1:{port}", registry=CollectorRegistry(), source=agent.source)
+    again.start()
+    try:
+        assert again.bound_address[1] == port
+    finally:
+        again.stop()
+
+
+def test_slow_request_does_not_block_others(agent: Agent) -> None:
+    host, port = agent.server.bound_address
+    with socket.create_connection((host, port), timeout=TIMEOUT) as idle:
+        idle.sendall(b"GET /metrics HTTP/1.1\r\n")  # never finishes its headers
+        started = time.monotonic()
+        assert agent.request("/-/healthy")[0] == 200
+        assert time.monotonic() - started < 1.0
