@@ -1,0 +1,259 @@
+"""One simulated GPU's behaviour over scenario time, free of NVML's C shapes (fake_nvml.py adds those).
+
+Units here are the scenario's: utilization as 0-1, watts, bytes, °C, MHz; fake_nvml converts.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from gpuscope.simulate.patterns import noise_stream
+from gpuscope.simulate.scenario import REASON_BITS, GpuSpec, ProcessSpec
+from gpuscope.simulate.timeline import (
+    BUFFER_TICKS,
+    TICKS_PER_SECOND,
+    Integral,
+    Phase,
+    first_tick_after,
+    last_complete_tick,
+    resolve_phases,
+    tick_middle,
+    tick_timestamp_us,
+)
+
+_RATE_WINDOW_TICKS = TICKS_PER_SECOND  # GetUtilizationRates, power and clocks: the last second
+_THERMAL_WINDOW_TICKS = 5 * TICKS_PER_SECOND  # temperature follows a 5 s average, not each sample
+_MAX_AVERAGE_TICKS = 600  # a long GPM interval is averaged over at most this many ticks
+_MEMO_SIZE = 4096  # utilization values remembered per GPU (a few minutes of ticks)
+_MAX_OCCURRENCES = 100  # Xid occurrences per event per scan, should a clock jump far ahead
+_PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)  # a typical 8-GPU server's layout
+_POWER_CAP = REASON_BITS["sw_power_cap"]
+_GPU_IDLE = REASON_BITS["gpu_idle"]
+
+
+@dataclass(frozen=True)
+class SimProcess:
+    spec: ProcessSpec
+    pid: int
+    share: float  # of the GPU's utilization, when the process has no pattern of its own
+    stream: int  # noise stream of its own pattern
+
+
+class GpuModel:
+    """What one GPU does at any scenario time. Not thread-safe: the fake library holds a lock."""
+
+    def __init__(self, index: int, spec: GpuSpec, *, scenario_name: str, seed: int,
+                 period: float | None, pids: list[int]) -> None:
+        self.index = index
+        self.spec = spec
+        self.period = period
+        derived = uuid.uuid5(uuid.NAMESPACE_URL, f"gpuscope-sim/{scenario_name}/{index}")
+        self.uuid = spec.uuid or f"GPU-{derived}"
+        bus = _PCI_BUSES[index] if index < len(_PCI_BUSES) else 0x10 + index
+        self.pci_bus_id = spec.pci_bus_id or f"00000000:{bus:02X}:00.0"
+        self.phases = resolve_phases(spec)
+        self._starts = [p.start for p in self.phases]
+        self._stream = noise_stream(seed, index)
+        self._memo: dict[float, float] = {}
+        default_share = 1.0 / max(1, len(spec.processes))
+        self.processes = [
+            SimProcess(p, pid, default_share if p.sm_share is None else p.sm_share,
+                       noise_stream(seed, index, i + 1))
+            for i, (p, pid) in enumerate(zip(spec.processes, pids, strict=True))
+        ]
+        self._energy_j = Integral(self._power_at_tick, period)
+        self._tx = Integral(lambda tau: float(self.phase(tau).pcie.tx_bytes_per_s), period)
+        self._rx = Integral(lambda tau: float(self.phase(tau).pcie.rx_bytes_per_s), period)
+
+    # ---------------------------------------------------------------- instantaneous behaviour
+
+    def loop_time(self, t: float) -> float:
+        return t % self.period if self.period is not None else t
+
+    def phase(self, tau: float) -> Phase:
+        return self.phases[max(0, bisect.bisect_right(self._starts, tau) - 1)]
+
+    def utilization(self, tau: float) -> float:
+        # Memoised: one NVML call looks at the same recent ticks several times (power, clocks, reasons).
+        value = self._memo.get(tau)
+        if value is None:
+            if len(self._memo) > _MEMO_SIZE:
+                self._memo.clear()
+            phase = self.phase(tau)
+            value = phase.utilization.value(tau - phase.start, self._stream, math.floor(tau * 1000))
+            self._memo[tau] = value
+        return value
+
+    def active_processes(self, tau: float) -> list[SimProcess]:
+        return [p for p in self.processes if p.spec.active(tau)]
+
+    def process_utilization(self, proc: SimProcess, tau: float) -> float:
+        if proc.spec.utilization is not None:
+            return proc.spec.utilization.value(tau - proc.spec.start, proc.stream, math.floor(tau * 1000))
+        return proc.share * self.utilization(tau)
+
+    def lost(self, t: float) -> bool:
+        tau = self.loop_time(t)
+        return any(w.contains(tau) for w in self.spec.lost)
+
+    def failure(self, function: str, t: float) -> str | None:
+        """The error a scenario injects into ``function`` at ``t``, or None."""
+        tau = self.loop_time(t)
+        for f in self.spec.failures:
+            if f.function == function and f.contains(tau):
+                return f.error
+        return None
+
+    def memory_used(self, t: float) -> int:
+        tau = self.loop_time(t)
+        return self.spec.memory.base_used + sum(p.spec.memory for p in self.active_processes(tau))
+
+    def _power_at_tick(self, tau: float) -> float:
+        return self._draw(self.phase(tau), self.utilization(tau))[0]
+
+    @staticmethod
+    def _draw(phase: Phase, util: float) -> tuple[float, bool]:
+        """Watts drawn at ``util`` and whether the power limit clips it (a power cap)."""
+        p = phase.power
+        draw = p.idle_w + (p.busy_w - p.idle_w) * util
+        return (p.limit_w, True) if draw > p.limit_w else (draw, False)
+
+    # ---------------------------------------------------------------- windows of recent ticks
+
+    def _recent(self, t: float, ticks: int) -> Iterator[float]:
+        """Loop times of the middles of the last ``ticks`` complete ticks (or of ``t`` before any)."""
+        last = last_complete_tick(t)
+        if last < 0:
+            yield self.loop_time(t)
+            return
+        for k in range(max(0, last - ticks + 1), last + 1):
+            yield self.loop_time(tick_middle(k))
+
+    def mean_utilization(self, t: float, ticks: int = _RATE_WINDOW_TICKS) -> float:
+        values = [self.utilization(tau) for tau in self._recent(t, ticks)]
+        return sum(values) / len(values)
+
+    def power(self, t: float) -> tuple[float, bool]:
+        return self._draw(self.phase(self.loop_time(t)), self.mean_utilization(t))
+
+    def power_limit_w(self, t: float) -> float:
+        return self.phase(self.loop_time(t)).power.limit_w
+
+    def temperature_c(self, t: float) -> int:
+        temp = self.phase(self.loop_time(t)).temperature
+        util = self.mean_utilization(t, _THERMAL_WINDOW_TICKS)
+        return round(temp.idle_c + (temp.busy_c - temp.idle_c) * util)
+
+    def _idle(self, t: float) -> bool:
+        return not self.active_processes(self.loop_time(t)) and self.mean_utilization(t) == 0.0
+
+    def sm_clock_mhz(self, t: float) -> int:
+        clocks = self.phase(self.loop_time(t)).clocks
+        if self._idle(t):
+            return clocks.sm_idle_mhz
+        draw_w, capped = self.power(t)
+        if not capped:
+            return clocks.sm_mhz
+        # Under a power cap the SM clock drops roughly in proportion to the excess demand.
+        p = self.phase(self.loop_time(t)).power
+        demand = p.idle_w + (p.busy_w - p.idle_w) * self.mean_utilization(t)
+        return max(clocks.sm_idle_mhz, round(clocks.sm_mhz * draw_w / demand))
+
+    def mem_clock_mhz(self, t: float) -> int:
+        return self.phase(self.loop_time(t)).clocks.mem_mhz
+
+    def clock_event_mask(self, t: float) -> int:
+        mask = self.phase(self.loop_time(t)).reasons
+        if self.power(t)[1]:
+            mask |= _POWER_CAP  # clipping at the limit is what a software power cap is
+        if self._idle(t):
+            mask |= _GPU_IDLE
+        return mask
+
+    def utilization_rates(self, t: float) -> tuple[int, int]:
+        """(gpu %, memory %) over the last second, as nvmlDeviceGetUtilizationRates reports them."""
+        gpu = self.mean_utilization(t)
+        taus = list(self._recent(t, _RATE_WINDOW_TICKS))
+        mem = sum(self.phase(tau).gpm.dram_active * self.utilization(tau) for tau in taus) / len(taus)
+        return round(gpu * 100), round(mem * 100)
+
+    def pcie_rates(self, t: float) -> tuple[float, float]:
+        rates = self.phase(self.loop_time(t)).pcie
+        return float(rates.tx_bytes_per_s), float(rates.rx_bytes_per_s)
+
+    # ---------------------------------------------------------------- cumulative counters
+
+    def energy_mj(self, t: float) -> int:
+        return round(self._energy_j.at(t) * 1000)
+
+    def pcie_bytes(self, t: float) -> tuple[int, int]:
+        return round(self._tx.at(t)), round(self._rx.at(t))
+
+    # ---------------------------------------------------------------- the driver's sample buffers
+
+    def _buffered_ticks(self, cursor_us: int, t: float) -> range:
+        last = last_complete_tick(t)
+        return range(max(0, last - BUFFER_TICKS + 1, first_tick_after(cursor_us)), last + 1)
+
+    def samples_after(self, cursor_us: int, t: float) -> list[tuple[int, int]]:
+        """(timestamp µs, utilization %) of the buffered ticks newer than the cursor."""
+        out = []
+        for k in self._buffered_ticks(cursor_us, t):
+            tau = self.loop_time(tick_middle(k))
+            util = self.utilization(tau)
+            if self.lost(tick_middle(k)) or (util == 0.0 and not self.active_processes(tau)):
+                continue  # a lost or idle GPU (no context, no kernels) records no samples
+            out.append((tick_timestamp_us(k), round(util * 100)))
+        return out
+
+    def process_samples_after(self, cursor_us: int, t: float) -> list[tuple[int, int, int, int]]:
+        """(timestamp µs, pid, sm %, memory %) per active process and buffered tick newer than the cursor."""
+        out = []
+        for k in self._buffered_ticks(cursor_us, t):
+            tau = self.loop_time(tick_middle(k))
+            if self.lost(tick_middle(k)):
+                continue
+            dram = self.phase(tau).gpm.dram_active
+            for proc in self.active_processes(tau):
+                sm = self.process_utilization(proc, tau)
+                out.append((tick_timestamp_us(k), proc.pid, round(sm * 100), round(sm * dram * 100)))
+        return out
+
+    def gpm_average(self, t1: float, t2: float) -> dict[str, float]:
+        """GPM metrics (percent; PCIe in bytes/s) over the interval between two GPM samples."""
+        first = math.floor(t1 * TICKS_PER_SECOND - 0.5) + 1  # ticks whose middle lies in (t1, t2]
+        last = math.floor(t2 * TICKS_PER_SECOND - 0.5)
+        if last < first:
+            taus = [self.loop_time(t2)]
+        else:
+            step = max(1, (last - first + 1) // _MAX_AVERAGE_TICKS)
+            taus = [self.loop_time(tick_middle(k)) for k in range(first, last + 1, step)]
+        sums = dict.fromkeys(("sm_active", "sm_occupancy", "tensor_active", "dram_active"), 0.0)
+        for tau in taus:
+            util, levels = self.utilization(tau), self.phase(tau).gpm
+            for name in sums:
+                sums[name] += getattr(levels, name) * util
+        out = {name: 100.0 * total / len(taus) for name, total in sums.items()}
+        if t2 > t1:
+            (tx1, rx1), (tx2, rx2) = self.pcie_bytes(t1), self.pcie_bytes(t2)
+            out["pcie_tx"], out["pcie_rx"] = (tx2 - tx1) / (t2 - t1), (rx2 - rx1) / (t2 - t1)
+        else:
+            out["pcie_tx"], out["pcie_rx"] = self.pcie_rates(t2)
+        return out
+
+    def xids_between(self, lo: float, hi: float) -> list[tuple[float, int]]:
+        """(scenario time, Xid code) of the scheduled Xid events in (lo, hi], oldest first."""
+        out: list[tuple[float, int]] = []
+        for x in self.spec.xid:
+            if self.period is None:
+                if lo < x.at <= hi:
+                    out.append((x.at, x.code))
+                continue
+            n_first = max(0, math.floor((lo - x.at) / self.period) + 1)
+            n_last = min(math.floor((hi - x.at) / self.period), n_first + _MAX_OCCURRENCES - 1)
+            out.extend((x.at + n * self.period, x.code) for n in range(n_first, n_last + 1))
+        return sorted(out)

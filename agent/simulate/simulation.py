@@ -1,0 +1,135 @@
+"""A running simulation: the fake library installed under pynvml, plus its helper processes."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from types import TracebackType
+
+from gpuscope.simulate.fake_nvml import FakeNvmlLib, install_library, uninstall_library
+from gpuscope.simulate.model import GpuModel
+from gpuscope.simulate.scenario import Scenario
+
+_READY_TIMEOUT_S = 20.0  # helpers start a Python interpreter each; a loaded CI machine can be slow
+_STOP_TIMEOUT_S = 5.0
+# Where spawning is disabled, spawned processes get pids above Linux's PID_MAX_LIMIT (2^22), which no
+# real process can have: the agent sees a pid it cannot find, as with any vanished process.
+_SYNTHETIC_PID_BASE = 4_194_304 + 100
+
+
+class Simulation:
+    """Installs a scenario's fake NVML under pynvml.
+
+    ``clock`` returns scenario seconds; by default it is the monotonic time since ``install()``.
+    Helper processes die with the thread that spawned them (PR_SET_PDEATHSIG): install from a
+    thread that outlives the simulation, normally the main thread.
+    """
+
+    def __init__(self, scenario: Scenario, *, clock: Callable[[], float] | None = None,
+                 spawn_processes: bool = True) -> None:
+        self.scenario = scenario
+        self._clock = clock
+        self._spawn = spawn_processes
+        self._t0: float | None = None
+        self._helpers: dict[str, subprocess.Popen[bytes]] = {}
+        self._lib: FakeNvmlLib | None = None
+
+    def now(self) -> float:
+        """The current scenario time in seconds."""
+        if self._clock is not None:
+            return self._clock()
+        return 0.0 if self._t0 is None else time.monotonic() - self._t0
+
+    @property
+    def installed(self) -> bool:
+        return self._lib is not None
+
+    @property
+    def helper_pids(self) -> dict[str, int]:
+        """Spawned process name -> real pid (empty before install or with spawning disabled)."""
+        return {name: proc.pid for name, proc in self._helpers.items()}
+
+    def install(self) -> None:
+        """Start the helper processes, then make pynvml call the fake library."""
+        if self._lib is not None:
+            return
+        try:
+            if self._spawn:
+                self._start_helpers()
+            lib = FakeNvmlLib(self.scenario, self._models(), self.now)
+            self._t0 = time.monotonic()
+            install_library(lib)
+            self._lib = lib
+        except BaseException:
+            self._stop_helpers()
+            raise
+
+    def uninstall(self) -> None:
+        """Detach the fake library and terminate and reap the helpers. Safe to call twice."""
+        if self._lib is not None:
+            uninstall_library(self._lib)
+            self._lib = None
+        self._stop_helpers()
+
+    def __enter__(self) -> Simulation:
+        self.install()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.uninstall()
+
+    # ---------------------------------------------------------------- internals
+
+    def _spawned_names(self) -> list[str]:
+        names: dict[str, None] = {}  # first-appearance order, each name once
+        for gpu in self.scenario.gpus:
+            for proc in gpu.processes:
+                if proc.spawn:
+                    names[proc.name] = None
+        return list(names)
+
+    def _models(self) -> list[GpuModel]:
+        spawned = {name: self._helpers[name].pid if name in self._helpers else _SYNTHETIC_PID_BASE + i
+                   for i, name in enumerate(self._spawned_names())}
+        period = self.scenario.duration if self.scenario.loop else None
+        return [
+            GpuModel(index, gpu, scenario_name=self.scenario.name, seed=self.scenario.seed, period=period,
+                     pids=[spawned[p.name] if p.spawn else (p.pid or 0) for p in gpu.processes])
+            for index, gpu in enumerate(self.scenario.gpus)
+        ]
+
+    def _start_helpers(self) -> None:
+        for name in self._spawned_names():
+            self._helpers[name] = subprocess.Popen(
+                [sys.executable, "-m", "gpuscope.simulate.helper_process", "--name", name,
+                 "--parent", str(os.getpid())],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, close_fds=True)
+        # Wait until each has renamed itself, so that the first NVML reading already sees the name.
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        for name, proc in self._helpers.items():
+            assert proc.stdout is not None
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            line = proc.stdout.readline() if ready else b""
+            proc.stdout.close()
+            if line.strip() != b"ready":
+                raise RuntimeError(f"simulator helper process {name!r} did not start "
+                                   f"(exit code {proc.poll()}); see its stderr above")
+
+    def _stop_helpers(self) -> None:
+        helpers, self._helpers = self._helpers, {}
+        for proc in helpers.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in helpers.values():
+            try:
+                proc.wait(timeout=_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None and not proc.stdout.closed:
+                proc.stdout.close()
