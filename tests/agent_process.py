@@ -1,0 +1,89 @@
+"""Start `gpuscope run` as a real subprocess on a loopback port, for whole-binary tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+class RunningAgent:
+    def __init__(self, proc: subprocess.Popen[str], port: int, log: Path) -> None:
+        self.proc = proc
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        self.log = log
+
+    def get(self, path: str) -> tuple[int, str]:
+        return http_get(self.base + path)
+
+    def stderr(self) -> str:
+        return self.log.read_text()
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"agent exited with {self.proc.returncode}:\n{self.stderr()}")
+            try:
+                if self.get("/-/healthy")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"agent not healthy after {timeout} s:\n{self.stderr()}")
+
+    def wait_for(self, path: str, text: str, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        body = ""
+        while time.monotonic() < deadline:
+            status, body = self.get(path)
+            if status == 200 and text in body:
+                return body
+            time.sleep(0.2)
+        raise AssertionError(f"{text!r} not in {path} after {timeout} s; last body:\n{body[:2000]}")
+
+
+@contextmanager
+def run_agent(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[RunningAgent]:
+    port = free_port()
+    log = tmp_path / f"agent-{port}.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuscope", "run", "--web.listen-address", f"127.0.0.1:{port}", *args],
+            stdout=subprocess.DEVNULL, stderr=err, text=True, env={**os.environ, **(env or {})},
+        )
+    agent = RunningAgent(proc, port, log)
+    try:
+        agent.wait_healthy()
+        yield agent
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,242 @@
+"""The sampler over the simulated NVML: the real pynvml wrappers and the real boundary run."""
+
+from __future__ import annotations
+
+import ctypes.util
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from gpuscope.nvml import Nvml
+from gpuscope.processes import ProcessInspector
+from gpuscope.sampler import Sampler
+from gpuscope.simulate import Simulation, load_scenario
+from gpuscope.simulate.loader import parse_scenario
+from gpuscope.snapshot import Snapshot
+
+
+class ManualClock:
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(1.0)
+
+
+def make_sampler(clock: ManualClock, **kwargs: float) -> Sampler:
+    return Sampler(Nvml(clock=clock), ProcessInspector(host_pid_namespace=True), clock=clock,
+                   retry_initial_seconds=1.0, retry_max_seconds=4.0, **kwargs)
+
+
+@pytest.fixture
+def simulate(clock: ManualClock) -> Iterator[object]:
+    """simulate(name_or_yaml) installs a scenario on the manual clock; uninstalled after the test."""
+    sims: list[Simulation] = []
+
+    def start(name: str, text: str | None = None, spawn: bool = True) -> Simulation:
+        scenario = parse_scenario(text, source=name) if text is not None else load_scenario(name)
+        sim = Simulation(scenario, clock=clock, spawn_processes=spawn)
+        sim.install()
+        sims.append(sim)
+        return sim
+
+    yield start
+    for sim in sims:
+        sim.uninstall()
+
+
+def ticks(sampler: Sampler, clock: ManualClock, until: float, step: float = 1.0) -> Snapshot:
+    snap = sampler.tick()
+    while clock.now + step <= until:
+        clock.now += step
+        snap = sampler.tick()
+    return snap
+
+
+def test_healthy_node_readings_and_process_mapping(simulate, clock: ManualClock) -> None:
+    sim = simulate("healthy")
+    sampler = make_sampler(clock)
+    first = sampler.tick()
+    clock.now += 1.0
+    snap = sampler.tick()
+    assert snap.nvml_up and snap.driver_version
+    assert [g.index for g in snap.gpus] == [0, 1, 2, 3]
+    helper_pids = set(sim.helper_pids.values())
+    for gpu in snap.gpus:
+        assert gpu.up and gpu.uuid.startswith("GPU-") and gpu.name and gpu.pci_bus_id
+        assert gpu.utilization_ratio is not None and gpu.utilization_ratio >= 0.85
+        assert 5 <= len(gpu.utilization_samples) <= 7  # ~6 driver samples per second
+        assert gpu.memory_total_bytes and gpu.memory_used_bytes and gpu.memory_used_bytes < gpu.memory_total_bytes
+        assert gpu.memory_reserved_bytes is not None
+        assert gpu.power_watts and gpu.power_limit_watts and gpu.power_watts <= gpu.power_limit_watts
+        assert gpu.temperature_celsius and gpu.sm_clock_hertz and gpu.sm_clock_hertz > 1e8
+        assert gpu.sm_active_ratio is not None  # H100: GPM present from the second tick on
+        assert gpu.pcie_tx_bytes_total is not None and gpu.ecc_uncorrected_errors_total == 0
+        assert gpu.clock_event_reasons is not None and not gpu.clock_event_reasons - {"gpu_idle"}
+        assert gpu.idle_dips_total == 0
+        (proc,) = gpu.compute_processes
+        assert proc.pid in helper_pids and proc.host_visible
+        assert proc.name == f"train-rank{gpu.index}"
+        assert proc.user and proc.sm_utilization_ratio is not None and proc.sm_utilization_ratio > 0.5
+        assert proc.cmdline is None  # not collected unless opted in
+    # Energy is a counter: it grew by about the power over the one second between the ticks.
+    for before, after in zip(first.gpus, snap.gpus, strict=True):
+        assert before.energy_joules_total is not None and after.energy_joules_total is not None
+        grown = after.energy_joules_total - before.energy_joules_total
+        assert 0.5 * (after.power_watts or 0) < grown < 1.5 * (after.power_watts or 0)
+    assert first.gpus[0].sm_active_ratio is None  # GPM needs two samples
+
+
+def test_input_bound_gpu_counts_idle_dips(simulate, clock: ManualClock) -> None:
+    simulate("input-bound")
+    sampler = make_sampler(clock)
+    snap = ticks(sampler, clock, until=clock.now + 20)
+    dips = {g.index: g.idle_dips_total for g in snap.gpus}
+    assert any(d and d >= 10 for d in dips.values()), dips  # one dip per step over ~20 s
+    bound = max(snap.gpus, key=lambda g: g.idle_dips_total or 0)
+    assert bound.utilization_ratio is not None and bound.utilization_ratio < 0.8
+
+
+def test_lost_gpu_goes_down_alone_is_logged_once_and_comes_back(
+        simulate, clock: ManualClock, caplog: pytest.LogCaptureFixture) -> None:
+    simulate("gpu-lost")
+    sampler = make_sampler(clock)
+    caplog.set_level(logging.INFO, logger="gpuscope")
+    snap = ticks(sampler, clock, until=15)
+    assert all(g.up for g in snap.gpus)
+    snap = ticks(sampler, clock, until=30)
+    assert [g.up for g in snap.gpus] == [True, False, True, True]
+    lost = snap.gpus[1]
+    assert lost.uuid and lost.utilization_ratio is None and lost.processes == ()
+    assert all(g.utilization_ratio for g in snap.gpus if g.index != 1)  # the others keep reporting
+    assert sum("is lost" in r.getMessage() for r in caplog.records) == 1
+    snap = ticks(sampler, clock, until=45)
+    assert all(g.up for g in snap.gpus)
+    assert sum("readable again" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_xid_events_are_counted_per_gpu(simulate, clock: ManualClock) -> None:
+    simulate("gpu-lost")
+    sampler = make_sampler(clock)
+    ticks(sampler, clock, until=21)  # the scenario raises Xid 79 on GPU 1 at 20 s
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        snap = sampler.tick()
+        if snap.gpus[1].xid_errors:
+            break
+        time.sleep(0.05)
+    sampler.stop()
+    assert dict(snap.gpus[1].xid_errors) == {79: 1}
+    assert all(not g.xid_errors for g in snap.gpus if g.index != 1)
+
+
+FAILING_POWER = """
+name: failing-power
+duration: 1m
+gpus:
+  - utilization: 0.9
+    failures: [{function: nvmlDeviceGetPowerUsage, from: 3s, to: 8s}]
+  - utilization: 0.9
+"""
+
+
+def test_a_failing_reading_is_absent_counted_and_logged_once(
+        simulate, clock: ManualClock, caplog: pytest.LogCaptureFixture) -> None:
+    simulate("failing-power", FAILING_POWER)
+    sampler = make_sampler(clock)
+    caplog.set_level(logging.INFO, logger="gpuscope")
+    snap = ticks(sampler, clock, until=7)  # 1..7 s: failing from 3 s, five ticks
+    assert snap.gpus[0].power_watts is None
+    assert snap.gpus[0].energy_joules_total is not None  # the other readings of that GPU are unaffected
+    assert snap.gpus[1].power_watts is not None
+    assert snap.sample_errors == {"power": 5}
+    warnings = [r for r in caplog.records if "power failed" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    snap = ticks(sampler, clock, until=10)
+    assert snap.gpus[0].power_watts is not None
+    assert sum("works again" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_unsupported_readings_are_absent_not_zero(simulate, clock: ManualClock) -> None:
+    simulate("legacy")
+    sampler = make_sampler(clock)
+    first = sampler.tick()
+    clock.now += 2.0
+    snap = sampler.tick()
+    gpu = snap.gpus[0]
+    assert gpu.up
+    assert gpu.sm_active_ratio is None and gpu.tensor_active_ratio is None  # no GPM before Hopper
+    assert gpu.ecc_uncorrected_errors_total is None
+    # No PCIe byte counters: the throughput API is integrated into a counter instead.
+    assert first.gpus[0].pcie_tx_bytes_total == 0.0
+    assert gpu.pcie_tx_bytes_total is not None and gpu.pcie_tx_bytes_total > 0
+
+
+def test_mig_gpu_reports_what_nvml_gives(simulate, clock: ManualClock) -> None:
+    simulate("mig")
+    sampler = make_sampler(clock)
+    snap = ticks(sampler, clock, until=4)
+    mig = [g for g in snap.gpus if g.mig_enabled]
+    assert len(mig) == 1 and all(g.up for g in snap.gpus)
+    gpu = mig[0]
+    assert gpu.utilization_samples == () and gpu.idle_dips_total is None
+    assert gpu.sm_active_ratio is None
+    assert gpu.memory_used_bytes is not None and gpu.power_watts is not None
+    assert all(p.sm_utilization_ratio is None for p in gpu.processes)
+
+
+UNMAPPABLE = """
+name: foreign-pid
+duration: 1m
+gpus:
+  - utilization: 0.9
+    processes: [{name: elsewhere, pid: 4194999, memory: 1GiB}, {name: here, spawn: true, memory: 2GiB}]
+"""
+
+
+def test_a_pid_without_host_details_is_reported_not_dropped(simulate, clock: ManualClock) -> None:
+    simulate("foreign-pid", UNMAPPABLE)
+    snap = ticks(make_sampler(clock), clock, until=3)
+    procs = {p.memory_used_bytes: p for p in snap.gpus[0].processes}
+    foreign, here = procs[2**30], procs[2 * 2**30]
+    assert foreign.pid == 4194999 and not foreign.host_visible and foreign.name is None
+    assert here.host_visible and here.name == "here"
+
+
+def test_no_driver_then_driver_appears_with_backoff(simulate, clock: ManualClock,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    simulate("no-driver")
+    caplog.set_level(logging.DEBUG, logger="gpuscope")
+    sampler = make_sampler(clock)
+    tries = []
+    original = sampler._nvml.init
+
+    def counting_init() -> None:
+        tries.append(clock.now)
+        original()
+
+    sampler._nvml.init = counting_init  # type: ignore[method-assign]
+    snap = sampler.tick()
+    assert not snap.nvml_up and snap.gpus == ()
+    for _ in range(20):  # half-second ticks; the driver appears at 5 s, the retry after it at 8 s
+        clock.now += 0.5
+        snap = sampler.tick()
+        if snap.nvml_up:
+            break
+    assert snap.nvml_up and len(snap.gpus) == 2
+    assert tries == [1.0, 2.0, 4.0, 8.0]  # back-off doubles: 1 s, 2 s, 4 s; never once per tick
+    hints = [r for r in caplog.records if "NVML is not available" in r.getMessage()]
+    assert len(hints) == 1 and hints[0].levelno == logging.WARNING
+
+
+@pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="this machine has NVML")
+def test_real_pynvml_without_a_driver_reports_nvml_down(clock: ManualClock) -> None:
+    snap = make_sampler(clock).tick()
+    assert not snap.nvml_up and snap.gpus == () and snap.driver_version is None
