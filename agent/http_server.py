@@ -1,13 +1,18 @@
 """The agent's HTTP endpoints: /metrics, health and readiness probes, the snapshot as JSON.
 
 A small WSGI app on a threading ``wsgiref`` server (no dependency beyond the standard library and
-prometheus_client). /metrics is prometheus_client's own WSGI app, so content negotiation (text or
-OpenMetrics) and gzip behave exactly as in every other Python exporter.
+prometheus_client). /metrics collects the registry once per request and encodes the families with
+gpuscope.exporters.exposition, which writes the bytes prometheus_client's encoders would, several
+times faster. Content negotiation (text 0.0.4 or OpenMetrics, and their Content-Type strings) and
+the gzip decision are prometheus_client's own functions, so clients see what every other Python
+exporter serves; gzip uses a fast compression level. ``?name[]=NAME`` (repeatable) keeps only the
+families, or the samples, with those names.
 """
 
 from __future__ import annotations
 
 import errno
+import gzip
 import ipaddress
 import json
 import logging
@@ -18,21 +23,27 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import gzip_accepted
 
+from gpuscope.exporters.exposition import negotiate, restrict_families
 from gpuscope.status import SnapshotSource
 from gpuscope.version import __version__
 
 if TYPE_CHECKING:
-    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
 logger = logging.getLogger(__name__)
 
 READY_MAX_AGE_INTERVALS = 3  # a snapshot older than this many sampling intervals is stale
 REQUEST_TIMEOUT_SECONDS = 30.0  # a client that sends nothing for this long loses its thread
+# gzip level of /metrics. Levels 1-3 use zlib's fast strategy: on 8 GPUs x 4 processes level 3 takes
+# ~0.09 ms against 0.7 ms for prometheus_client's 9, for 4.8 kB instead of 4.2 kB (of 50 kB plain).
+GZIP_LEVEL = 3
 
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _TEXT = "text/plain; charset=utf-8"
@@ -220,7 +231,7 @@ class _AgentApp:
     """The WSGI application: routes a request to one small handler per endpoint."""
 
     def __init__(self, registry: CollectorRegistry, source: SnapshotSource, clock: Callable[[], float]):
-        self._metrics_app = cast("WSGIApplication", make_wsgi_app(registry))
+        self._registry = registry
         self._source = source
         self._clock = clock
         self._routes: dict[str, Callable[[WSGIEnvironment], _Response]] = {
@@ -251,18 +262,16 @@ class _AgentApp:
         return [b"" if method == "HEAD" else body]
 
     def _metrics(self, environ: WSGIEnvironment) -> _Response:
-        captured: list[Any] = []
-
-        def capture(
-            status: str, headers: list[tuple[str, str]], exc_info: Any = None
-        ) -> Callable[[bytes], object]:
-            captured[:] = [status, headers]
-            return lambda _data: None
-
-        # prometheus_client's app answers HEAD with 405; render as GET and drop the body above.
-        body = b"".join(self._metrics_app({**environ, "REQUEST_METHOD": "GET"}, capture))
-        status, headers = captured
-        return status, list(headers), body
+        # HEAD renders too: its Content-Length is the GET body's (__call__ leaves the body out).
+        encode, content_type = negotiate(environ.get("HTTP_ACCEPT"))
+        families = self._registry.collect()
+        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
+        body = encode(restrict_families(families, frozenset(names)) if names else families)
+        headers = [("Content-Type", content_type)]
+        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or ""):
+            body = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
+            headers.append(("Content-Encoding", "gzip"))
+        return "200 OK", headers, body
 
     def _index(self, environ: WSGIEnvironment) -> _Response:
         return "200 OK", [("Content-Type", "text/html; charset=utf-8")], _INDEX_HTML

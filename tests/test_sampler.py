@@ -73,7 +73,8 @@ def test_healthy_node_readings_and_process_mapping(simulate, clock: ManualClock)
         assert gpu.up and gpu.uuid.startswith("GPU-") and gpu.name and gpu.pci_bus_id
         assert gpu.utilization_ratio is not None and gpu.utilization_ratio >= 0.85
         assert 5 <= len(gpu.utilization_samples) <= 7  # ~6 driver samples per second
-        assert gpu.memory_total_bytes and gpu.memory_used_bytes and gpu.memory_used_bytes < gpu.memory_total_bytes
+        assert gpu.memory_total_bytes and gpu.memory_used_bytes
+        assert gpu.memory_used_bytes < gpu.memory_total_bytes
         assert gpu.memory_reserved_bytes is not None
         assert gpu.power_watts and gpu.power_limit_watts and gpu.power_watts <= gpu.power_limit_watts
         assert gpu.temperature_celsius and gpu.sm_clock_hertz and gpu.sm_clock_hertz > 1e8
