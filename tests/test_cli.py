@@ -16,8 +16,8 @@ from agent_process import run_agent
 
 
 def gpuscope(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuscope", *args], capture_output=True, text=True, check=False,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "gpuscope", *args],
+                          capture_output=True, text=True, check=False, timeout=timeout)
 
 
 def test_config_check_accepts_a_good_file(tmp_path: Path) -> None:
