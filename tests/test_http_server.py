@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
 from snapshots import make_full_snapshot, make_snapshot
 
@@ -136,6 +137,58 @@ def test_metrics_head(agent: Agent) -> None:
     assert status == 200
     assert body == b""
     assert int(headers["content-length"]) > 1000
+
+
+@pytest.mark.parametrize("accept", [
+    None, "text/plain;version=1.0.0;escaping=allow-utf-8", "application/openmetrics-text",
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,text/plain;version=0.0.4;q=0.3",
+])
+@pytest.mark.parametrize("accept_encoding", [None, "gzip", "br, GZIP;q=0.5"])
+def test_metrics_body_and_content_type_are_prometheus_clients(agent: Agent, accept: str | None,
+                                                              accept_encoding: str | None) -> None:
+    agent.source.snapshot = fresh_snapshot(gpus=make_full_snapshot().gpus)
+    headers = {k: v for k, v in (("Accept", accept), ("Accept-Encoding", accept_encoding)) if v is not None}
+    status, response_headers, body = agent.request("/metrics", headers=headers)
+    registry = CollectorRegistry()
+    registry.register(GpuscopeCollector(agent.source.latest))
+    encoder, content_type = choose_encoder(accept or "")
+    assert status == 200
+    assert response_headers["content-type"] == content_type
+    if accept_encoding:
+        assert response_headers["content-encoding"] == "gzip"
+        body = gzip.decompress(body)
+    else:
+        assert "content-encoding" not in response_headers
+    assert body == encoder(registry)
+
+
+def test_metrics_head_has_the_get_length(agent: Agent) -> None:
+    for headers in ({}, {"Accept-Encoding": "gzip"}, {"Accept": "application/openmetrics-text"}):
+        _, get_headers, body = agent.request("/metrics", headers=headers)
+        status, head_headers, head_body = agent.request("/metrics", method="HEAD", headers=headers)
+        assert (status, head_body) == (200, b"")
+        assert head_headers["content-length"] == get_headers["content-length"] == str(len(body))
+        assert head_headers["content-type"] == get_headers["content-type"]
+
+
+def test_metrics_name_filter(agent: Agent) -> None:
+    query = "name[]=gpu_power_watts&name[]=gpu_energy_joules_total&name[]=gpuscope_nvml_up&name[]=nope"
+    status, _, body = agent.request(f"/metrics?{query}")
+    assert status == 200
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert sorted(families) == ["gpu_energy_joules", "gpu_power_watts", "gpuscope_nvml_up"]
+    assert len(families["gpu_power_watts"].samples) == 8
+    # A counter by its family name; in OpenMetrics, units stay.
+    status, _, body = agent.request("/metrics?name[]=gpu_energy_joules",
+                                    headers={"Accept": "application/openmetrics-text"})
+    assert body.startswith(b"# HELP gpu_energy_joules ")
+    assert b"# UNIT gpu_energy_joules joules\n" in body
+    assert body.count(b"\ngpu_energy_joules_total{") == 8
+    assert body.endswith(b"# EOF\n")
+    # Nothing matches: an empty but valid exposition.
+    assert agent.request("/metrics?name[]=nope")[0::2] == (200, b"")
+    # An empty name[] is no filter (parse_qs drops blank values, as in prometheus_client).
+    assert agent.request("/metrics?name[]=")[2] == agent.request("/metrics")[2]
 
 
 def test_metrics_before_first_snapshot(agent: Agent) -> None:
