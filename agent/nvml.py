@@ -9,7 +9,9 @@ NVML: the sampler works on ``DeviceReadings`` and the tests of everything else u
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +33,9 @@ _UNAVAILABLE = (
 # The GPU has dropped off the bus or needs a reset: keep serving the others, retry this one later.
 _LOST = (pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED)
 
+# As (fieldId, scopeId) pairs: pynvml sets both (scope 0, the device, as with a bare id), where a bare
+# id costs it a caught TypeError per field.
+_PCIE_FIELDS = ((pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0), (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0))
 _GPM_MIN_SPACING_S = 0.1  # NVML needs two GPM samples at least 100 ms apart
 _GPM_METRICS = {
     "sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
@@ -125,6 +130,7 @@ class NvmlDevice:
         self.pcie_counters: bool | None = None  # None until probed
         self.gpm_samples: list[Any] | None = None  # [previous, current] buffers, allocated on first use
         self.gpm_previous_at: float | None = None
+        self.gpm_request: Any = None  # the nvmlGpmMetricsGet request, metric ids filled in once
 
 
 class Nvml:
@@ -224,48 +230,51 @@ class Nvml:
                 raise GpuLostError(_describe(err)) from err
         h = device.handle
         r = DeviceReadings()
+        query = self._query
         # The first call doubles as the liveness probe: a lost GPU raises here and we stop.
-        mem = self._query(device, "memory", lambda: pynvml.nvmlDeviceGetMemoryInfo(
-            h, version=pynvml.nvmlMemory_v2))
+        mem = query(device, "memory", pynvml.nvmlDeviceGetMemoryInfo, h, pynvml.nvmlMemory_v2)
         if mem is not None:
+            total, reserved, used = (_fields(_MEMORY_LAYOUT, pynvml.c_nvmlMemory_v2_t, mem)
+                                     or (mem.total, mem.reserved, mem.used))
             r.memory_used_bytes, r.memory_reserved_bytes, r.memory_total_bytes = (
-                int(mem.used), int(mem.reserved), int(mem.total))
-        rates = self._query(device, "utilization", lambda: pynvml.nvmlDeviceGetUtilizationRates(h))
+                int(used), int(reserved), int(total))
+        rates = query(device, "utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
         if rates is not None:
-            r.utilization_ratio = rates.gpu / 100.0
-            r.memory_utilization_ratio = rates.memory / 100.0
+            gpu, memory = (_fields(_UTILIZATION_LAYOUT, pynvml.c_nvmlUtilization_t, rates)
+                           or (rates.gpu, rates.memory))
+            r.utilization_ratio = gpu / 100.0
+            r.memory_utilization_ratio = memory / 100.0
         r.utilization_samples = self._utilization_samples(device)
-        power = self._query(device, "power", lambda: pynvml.nvmlDeviceGetPowerUsage(h))
+        power = query(device, "power", pynvml.nvmlDeviceGetPowerUsage, h)
         r.power_watts = None if power is None else power / 1000.0
-        limit = self._query(device, "power_limit", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h))
+        limit = query(device, "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
         r.power_limit_watts = None if limit is None else limit / 1000.0
-        energy = self._query(device, "energy", lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h))
+        energy = query(device, "energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
         r.energy_joules = None if energy is None else energy / 1000.0
-        temp = self._query(device, "temperature",
-                           lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
+        temp = query(device, "temperature", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
         r.temperature_celsius = None if temp is None else float(temp)
-        sm = self._query(device, "sm_clock", lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
+        sm = query(device, "sm_clock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
         r.sm_clock_hertz = None if sm is None else sm * 1e6
-        memclk = self._query(device, "memory_clock",
-                             lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM))
+        memclk = query(device, "memory_clock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM)
         r.memory_clock_hertz = None if memclk is None else memclk * 1e6
-        r.clock_event_mask = self._query(device, "clock_events", lambda: _clock_event_reasons(h))
+        r.clock_event_mask = query(device, "clock_events", _clock_event_reasons, h)
         r.pcie = self._pcie(device)
-        r.ecc_uncorrected_errors = self._query(device, "ecc", lambda: int(pynvml.nvmlDeviceGetTotalEccErrors(
-            h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)))
+        r.ecc_uncorrected_errors = query(device, "ecc", _uncorrected_ecc_errors, h)
         r.gpm = self._gpm(device)
         r.processes = self._processes(device)
         r.process_sm_utilization = self._process_utilization(device)
         return r
 
-    def _query(self, device: NvmlDevice, reading: str, call: Callable[[], T]) -> T | None:
-        """One isolated reading: None when unsupported (remembered) or failed (counted, logged once)."""
+    def _query(self, device: NvmlDevice, reading: str, call: Callable[..., T], *args: Any) -> T | None:
+        """One isolated reading, ``call(*args)``: None when unsupported (remembered) or failed (counted,
+        logged once). The call and its arguments are passed rather than wrapped in a closure: this runs
+        some twenty times per GPU per tick."""
         if reading in device.unsupported:
             return None
-        index = device.identity.index
         try:
-            value = call()
+            value = call(*args)
         except pynvml.NVMLError as err:
+            index = device.identity.index
             if err.value in _LOST:
                 raise GpuLostError(_describe(err)) from err
             if err.value in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
@@ -274,7 +283,8 @@ class Nvml:
                 return None
             self._record_failure(index, reading, err)
             return None
-        if (index, reading) in self._failing:
+        if self._failing and (device.identity.index, reading) in self._failing:
+            index = device.identity.index
             self._failing.discard((index, reading))
             log.info("GPU %d: reading %s works again", index, reading)
         return value
@@ -289,41 +299,29 @@ class Nvml:
                         index, reading, _describe(err))
 
     def _utilization_samples(self, device: NvmlDevice) -> list[tuple[int, float]]:
-        h = device.handle
-
-        def call() -> list[tuple[int, float]]:
-            try:
-                value_type, samples = pynvml.nvmlDeviceGetSamples(
-                    h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, device.sample_cursor)
-            except pynvml.NVMLError_NotFound:
-                return []  # nothing new since the cursor (also what an idle GPU says)
-            out = [(int(s.timeStamp), _sample_value(value_type, s.sampleValue) / 100.0) for s in samples]
-            # The cursor is opaque: only ever compare it with the driver's own timestamps.
-            out = [s for s in out if s[0] > device.sample_cursor]
-            if out:
-                device.sample_cursor = max(ts for ts, _ in out)
-            return out
-
-        return self._query(device, "utilization_samples", call) or []
+        return self._query(device, "utilization_samples", _new_utilization_samples, device) or []
 
     def _pcie(self, device: NvmlDevice) -> PcieReading | None:
         h = device.handle
         if device.pcie_counters is not False:
-            values = self._query(device, "pcie_counters", lambda: pynvml.nvmlDeviceGetFieldValues(
-                h, [pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]))
-            if values is not None and all(v.nvmlReturn == pynvml.NVML_SUCCESS for v in values):
+            array = self._query(device, "pcie_counters", pynvml.nvmlDeviceGetFieldValues, h, _PCIE_FIELDS)
+            # (nvmlReturn, value.ullVal) of the TX then the RX field
+            values = None if array is None else (
+                _unpack_array(_FIELD_VALUE_LAYOUT, pynvml.c_nvmlFieldValue_t, array)
+                or [(v.nvmlReturn, v.value.ullVal) for v in array])
+            if values is not None and all(ret == pynvml.NVML_SUCCESS for ret, _ in values):
                 device.pcie_counters = True
-                return PcieReading(True, float(values[0].value.ullVal), float(values[1].value.ullVal))
+                return PcieReading(True, float(values[0][1]), float(values[1][1]))
             unsupported = "pcie_counters" in device.unsupported or (
-                values is not None and any(v.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED for v in values))
+                values is not None and any(ret == pynvml.NVML_ERROR_NOT_SUPPORTED for ret, _ in values))
             if device.pcie_counters or not unsupported:
                 return None  # a counter GPU failed this tick: do not mix in the other source
             device.pcie_counters = False  # no byte counters on this GPU: the throughput API from now on
         # nvmlDeviceGetPcieThroughput reports KB/s over a 20 ms window; NVML's KB is 1024 bytes.
-        tx = self._query(device, "pcie_throughput",
-                         lambda: pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES))
-        rx = self._query(device, "pcie_throughput",
-                         lambda: pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES))
+        tx = self._query(device, "pcie_throughput", pynvml.nvmlDeviceGetPcieThroughput, h,
+                         pynvml.NVML_PCIE_UTIL_TX_BYTES)
+        rx = self._query(device, "pcie_throughput", pynvml.nvmlDeviceGetPcieThroughput, h,
+                         pynvml.NVML_PCIE_UTIL_RX_BYTES)
         if tx is None or rx is None:
             return None
         return PcieReading(False, tx * 1024.0, rx * 1024.0)
@@ -334,7 +332,7 @@ class Nvml:
             return None
         h = device.handle
         if device.gpm_samples is None:
-            support = self._query(device, "gpm", lambda: pynvml.nvmlGpmQueryDeviceSupport(h))
+            support = self._query(device, "gpm", pynvml.nvmlGpmQueryDeviceSupport, h)
             if support is None:
                 return None
             if not support.isSupportedDevice:
@@ -349,20 +347,22 @@ class Nvml:
         if device.gpm_previous_at is not None and now - device.gpm_previous_at < _GPM_MIN_SPACING_S:
             return None  # too soon after the last sample for NVML to compute rates
         previous, current = device.gpm_samples
-        got = self._query(device, "gpm", lambda: pynvml.nvmlGpmSampleGet(h, current))
+        got = self._query(device, "gpm", pynvml.nvmlGpmSampleGet, h, current)
         if got is None:
             return None
         result: dict[str, float] | None = None
         if device.gpm_previous_at is not None:
-            result = self._query(device, "gpm", lambda: _gpm_metrics(previous, current))
+            result = self._query(device, "gpm", _gpm_metrics, device, previous, current)
         device.gpm_samples = [current, previous]
         device.gpm_previous_at = now
         return result
 
     def _processes(self, device: NvmlDevice) -> list[RawProcess]:
         h = device.handle
-        compute = self._query(device, "processes", lambda: _running_processes(h, "compute")) or []
-        graphics = self._query(device, "graphics_processes", lambda: _running_processes(h, "graphics")) or []
+        compute = self._query(device, "processes", _running_processes, h, "compute") or []
+        graphics = self._query(device, "graphics_processes", _running_processes, h, "graphics") or []
+        if not graphics:
+            return compute
         seen = {p.pid for p in compute}
         # A process with both a compute and a graphics context is listed twice by NVML: count it once.
         return compute + [p for p in graphics if p.pid not in seen]
@@ -370,24 +370,7 @@ class Nvml:
     def _process_utilization(self, device: NvmlDevice) -> dict[int, float] | None:
         if device.identity.mig_enabled:
             return None  # not available per MIG instance
-        h = device.handle
-
-        def call() -> dict[int, float]:
-            try:
-                samples = pynvml.nvmlDeviceGetProcessUtilization(h, device.process_cursor)
-            except pynvml.NVMLError_NotFound:
-                return {}  # no process ran kernels since the cursor
-            sums: dict[int, list[float]] = {}
-            newest = device.process_cursor
-            for s in samples:
-                if s.timeStamp <= device.process_cursor:
-                    continue
-                sums.setdefault(int(s.pid), []).append(s.smUtil / 100.0)
-                newest = max(newest, int(s.timeStamp))
-            device.process_cursor = newest
-            return {pid: sum(v) / len(v) for pid, v in sums.items()}
-
-        return self._query(device, "process_utilization", call)
+        return self._query(device, "process_utilization", _new_process_utilization, device)
 
     # ---------------------------------------------------------------- Xid events
 
@@ -464,12 +447,146 @@ def _sample_value(value_type: int, value: Any) -> float:
     return float(value.uiVal)
 
 
+# ------------------------------------------------------------------ decoding pynvml's arrays
+#
+# pynvml's structures read each field through a Python __getattribute__ (about 0.5 µs a field); the
+# per-sample results (some 30 samples of 3 fields per GPU per tick) are decoded here instead with
+# one struct.iter_unpack over their bytes, at the offsets ctypes gives the very same types. Where a
+# type is not laid out as expected (another pynvml), the layout is None and fields are read as before.
+
+_STRUCT_INT = {1: "b", 2: "h", 4: "i", 8: "q"}
+
+
+def _field_code(ctype: Any) -> str | None:
+    kind = getattr(ctype, "_type_", None)
+    if kind in ("f", "d"):
+        return str(kind)
+    size = ctypes.sizeof(ctype)
+    if not isinstance(kind, str) or kind not in "bBhHiIlLqQ" or size not in _STRUCT_INT:
+        return None
+    return _STRUCT_INT[size] if kind.islower() else _STRUCT_INT[size].upper()
+
+
+def _element_format(ctype: Any, *paths: str) -> str | None:
+    """struct codes (no byte-order prefix) for the fields ``paths`` of one ``ctype``, padded to its
+    whole size; the paths must be in increasing offset order. None if that cannot be done."""
+    try:
+        fmt, at = "", 0
+        for path in paths:
+            offset, ftype = 0, ctype
+            for name in path.split("."):
+                offset += getattr(ftype, name).offset
+                ftype = dict((f[0], f[1]) for f in ftype._fields_)[name]
+            code = _field_code(ftype)
+            if code is None or offset < at:
+                return None
+            fmt += f"{offset - at}x" * (offset > at) + code
+            at = offset + ctypes.sizeof(ftype)
+        size = ctypes.sizeof(ctype)
+        if at > size:
+            return None
+        return fmt + f"{size - at}x" * (size > at)
+    except (AttributeError, KeyError, TypeError):
+        return None
+
+
+def _layout(ctype: Any, *paths: str) -> struct.Struct | None:
+    fmt = _element_format(ctype, *paths)
+    return None if fmt is None else struct.Struct("=" + fmt)
+
+
+def _unpack(layout: struct.Struct | None, ctype: Any, items: list[Any]) -> list[tuple[Any, ...]] | None:
+    """The fields of each of ``items`` (instances of ``ctype``), or None to read them one by one."""
+    if layout is None or (items and set(map(type, items)) != {ctype}):
+        return None
+    return list(layout.iter_unpack(b"".join(map(bytes, items))))
+
+
+def _unpack_array(layout: struct.Struct | None, ctype: Any, array: Any) -> list[tuple[Any, ...]] | None:
+    """The fields of each element of a ctypes array of ``ctype``, or None to read them one by one."""
+    if layout is None or getattr(type(array), "_type_", None) is not ctype:
+        return None
+    return list(layout.iter_unpack(array))
+
+
+def _fields(layout: struct.Struct | None, ctype: Any, item: Any) -> tuple[Any, ...] | None:
+    """The fields of one ``ctype`` structure, or None to read them one by one."""
+    if layout is None or type(item) is not ctype:
+        return None
+    return layout.unpack_from(item)
+
+
+_SAMPLE_UNION_MEMBER = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+}  # anything else: uiVal, as _sample_value reads it
+_SAMPLE_LAYOUTS = {
+    value_type: _layout(pynvml.c_nvmlSample_t, "timeStamp", f"sampleValue.{member}")
+    for value_type, member in _SAMPLE_UNION_MEMBER.items()
+}
+_SAMPLE_UINT_LAYOUT = _layout(pynvml.c_nvmlSample_t, "timeStamp", "sampleValue.uiVal")
+_PROCESS_SAMPLE_LAYOUT = _layout(pynvml.c_nvmlProcessUtilizationSample_t, "pid", "timeStamp", "smUtil")
+_MEMORY_LAYOUT = _layout(pynvml.c_nvmlMemory_v2_t, "total", "reserved", "used")
+_UTILIZATION_LAYOUT = _layout(pynvml.c_nvmlUtilization_t, "gpu", "memory")
+_FIELD_VALUE_LAYOUT = _layout(pynvml.c_nvmlFieldValue_t, "nvmlReturn", "value.ullVal")
+
+
+def _new_utilization_samples(device: NvmlDevice) -> list[tuple[int, float]]:
+    """The driver's utilization samples newer than the device's cursor, which moves past them."""
+    cursor = device.sample_cursor
+    try:
+        value_type, samples = pynvml.nvmlDeviceGetSamples(
+            device.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, cursor)
+    except pynvml.NVMLError_NotFound:
+        return []  # nothing new since the cursor (also what an idle GPU says)
+    rows = _unpack(_SAMPLE_LAYOUTS.get(value_type, _SAMPLE_UINT_LAYOUT), pynvml.c_nvmlSample_t, samples)
+    if rows is None:
+        rows = [(int(s.timeStamp), _sample_value(value_type, s.sampleValue)) for s in samples]
+    # The cursor is opaque: only ever compare it with the driver's own timestamps. (An integer value
+    # divides as its float does: value / 100.0 is _sample_value()'s float(value) / 100.0.)
+    out = [(ts, value / 100.0) for ts, value in rows if ts > cursor]
+    if out:
+        device.sample_cursor = max(ts for ts, _ in out)
+    return out
+
+
+def _new_process_utilization(device: NvmlDevice) -> dict[int, float]:
+    """Mean SM utilization per pid over the driver's samples newer than the device's cursor."""
+    cursor = device.process_cursor
+    try:
+        samples = pynvml.nvmlDeviceGetProcessUtilization(device.handle, cursor)
+    except pynvml.NVMLError_NotFound:
+        return {}  # no process ran kernels since the cursor
+    rows = _unpack(_PROCESS_SAMPLE_LAYOUT, pynvml.c_nvmlProcessUtilizationSample_t, samples)
+    if rows is None:
+        rows = [(int(s.pid), int(s.timeStamp), s.smUtil) for s in samples]
+    sums: dict[int, list[float]] = {}
+    newest = cursor
+    for pid, timestamp, sm in rows:  # some 30 rows per GPU and tick: kept lean
+        if timestamp > cursor:
+            if pid in sums:
+                sums[pid].append(sm / 100.0)
+            else:
+                sums[pid] = [sm / 100.0]
+            if timestamp > newest:  # noqa: PLR1730 - max() costs a call per row
+                newest = timestamp
+    device.process_cursor = newest
+    return {pid: sum(v) / len(v) for pid, v in sums.items()}
+
+
 def _clock_event_reasons(handle: Any) -> int:
     try:
         return int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
     except pynvml.NVMLError_FunctionNotFound:
         # Drivers before 535 only know the older name of the same bitmask.
         return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+
+def _uncorrected_ecc_errors(handle: Any) -> int:
+    return int(pynvml.nvmlDeviceGetTotalEccErrors(
+        handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC))
 
 
 def _running_processes(handle: Any, kind: str) -> list[RawProcess]:
@@ -485,18 +602,37 @@ def _running_processes(handle: Any, kind: str) -> list[RawProcess]:
             for p in procs]
 
 
-def _gpm_metrics(previous: Any, current: Any) -> dict[str, float]:
-    request = pynvml.c_nvmlGpmMetricsGet_t()
-    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-    request.numMetrics = len(_GPM_METRICS)
+# nvmlGpmMetricsGet's results for our metrics: (nvmlReturn, value) of metrics[0 .. n-1], read from
+# the request's bytes (the request is kept per device and reused: its inputs do not change).
+_GPM_RESULT_ELEMENT = _element_format(pynvml.c_nvmlGpmMetric_t, "nvmlReturn", "value")
+_GPM_METRICS_OFFSET: int = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
+_GPM_RESULTS = (
+    None if _GPM_RESULT_ELEMENT is None
+    else struct.Struct(f"={_GPM_METRICS_OFFSET}x" + _GPM_RESULT_ELEMENT * len(_GPM_METRICS))
+)
+
+
+def _gpm_metrics(device: NvmlDevice, previous: Any, current: Any) -> dict[str, float]:
+    request = device.gpm_request
+    if request is None:
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(_GPM_METRICS)
+        metrics = request.metrics
+        for i, metric_id in enumerate(_GPM_METRICS.values()):
+            metrics[i].metricId = metric_id
+        device.gpm_request = request
     request.sample1 = previous
     request.sample2 = current
-    for i, metric_id in enumerate(_GPM_METRICS.values()):
-        request.metrics[i].metricId = metric_id
     pynvml.nvmlGpmMetricsGet(request)
+    if _GPM_RESULTS is not None and type(request) is pynvml.c_nvmlGpmMetricsGet_t:
+        results = _GPM_RESULTS.unpack_from(request)
+    else:
+        metrics = request.metrics
+        results = tuple(x for i in range(len(_GPM_METRICS))
+                        for x in (metrics[i].nvmlReturn, metrics[i].value))
     out = {}
     for i, name in enumerate(_GPM_METRICS):
-        metric = request.metrics[i]
-        if metric.nvmlReturn == pynvml.NVML_SUCCESS:
-            out[name] = max(0.0, min(1.0, metric.value / 100.0))
+        if results[2 * i] == pynvml.NVML_SUCCESS:
+            out[name] = max(0.0, min(1.0, results[2 * i + 1] / 100.0))
     return out

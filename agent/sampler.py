@@ -7,6 +7,7 @@ Snapshot by replacing one reference, so readers never block it and it never bloc
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 import threading
@@ -71,6 +72,8 @@ class Sampler:
         self._next_init_at = 0.0
         self._backoff = retry_initial_seconds
         self._init_failures = 0
+
+        self._reasons: dict[int, frozenset[str]] = {}  # clock event mask -> names (a handful of masks)
 
         self._latest: Snapshot | None = None
         self._listeners: list[SnapshotListener] = []
@@ -215,9 +218,9 @@ class Sampler:
     def _to_reading(self, device: NvmlDevice, raw: DeviceReadings, state: _GpuState,
                     xids: dict[int, int], now: float) -> GpuReading:
         ident = device.identity
-        samples = tuple(UtilizationSample(ts, v) for ts, v in raw.utilization_samples)
+        samples = tuple(itertools.starmap(UtilizationSample, raw.utilization_samples))
         if samples:
-            utilization: float | None = sum(s.value for s in samples) / len(samples)
+            utilization: float | None = sum([v for _, v in raw.utilization_samples]) / len(samples)
         else:
             utilization = raw.utilization_ratio  # no new samples (idle or unsupported): the rate API
         dips = None
@@ -250,7 +253,7 @@ class Sampler:
             sm_clock_hertz=raw.sm_clock_hertz,
             memory_clock_hertz=raw.memory_clock_hertz,
             clock_event_reasons=(None if raw.clock_event_mask is None
-                                 else decode_clock_event_reasons(raw.clock_event_mask)),
+                                 else self._clock_reasons(raw.clock_event_mask)),
             pcie_tx_bytes_total=tx,
             pcie_rx_bytes_total=rx,
             xid_errors=xids,
@@ -263,14 +266,24 @@ class Sampler:
             processes=self._processes(raw),
         )
 
+    def _clock_reasons(self, mask: int) -> frozenset[str]:
+        reasons = self._reasons.get(mask)
+        if reasons is None:
+            if len(self._reasons) > 1024:  # a few masks occur in practice; never grow without bound
+                self._reasons.clear()
+            reasons = self._reasons[mask] = decode_clock_event_reasons(mask)
+        return reasons
+
     def _processes(self, raw: DeviceReadings) -> tuple[ProcessReading, ...]:
         out = []
+        describe = self._inspector.describe
+        per_pid = raw.process_sm_utilization
         for proc in raw.processes:
-            host = self._inspector.describe(proc.pid)
+            host = describe(proc.pid)
             sm: float | None = None
-            if raw.process_sm_utilization is not None and proc.kind == "compute":
+            if per_pid is not None and proc.kind == "compute":
                 # No sample for a pid since the last tick means it ran no kernels in that time.
-                sm = raw.process_sm_utilization.get(proc.pid, 0.0)
+                sm = per_pid.get(proc.pid, 0.0)
             out.append(ProcessReading(
                 pid=proc.pid,
                 kind="compute" if proc.kind == "compute" else "graphics",

@@ -24,6 +24,7 @@ from gpuscope.simulate.fake_nvml_base import (
     NOT_FOUND,
     NOT_SUPPORTED,
     OK,
+    Packer,
     api,
     device_api,
     set_pointer,
@@ -34,6 +35,21 @@ from gpuscope.simulate.timeline import EPOCH_US
 
 _NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of a process on a non-MIG GPU
 _PCI_SUBSYSTEM_ID = 0x16C110DE
+# How the functions below write their results into pynvml's structures (see Packer).
+_SAMPLE = Packer(pynvml.c_nvmlSample_t, "timeStamp", "sampleValue.uiVal")
+_PROCESS_SAMPLE = Packer(pynvml.c_nvmlProcessUtilizationSample_t, "pid", "timeStamp", "smUtil", "memUtil",
+                         zeroed=("encUtil", "decUtil"))
+_MEMORY_V2_VERSION = Packer(pynvml.c_nvmlMemory_v2_t, "version")
+_MEMORY_V2 = Packer(pynvml.c_nvmlMemory_v2_t, "total", "reserved", "free", "used")
+_MEMORY = Packer(pynvml.c_nvmlMemory_t, "total", "free", "used")
+_UTILIZATION = Packer(pynvml.c_nvmlUtilization_t, "gpu", "memory")
+_FIELD_ID = Packer(pynvml.c_nvmlFieldValue_t, "fieldId")
+_FIELD_VALUE = Packer(pynvml.c_nvmlFieldValue_t, "timestamp", "latencyUsec", "valueType", "nvmlReturn",
+                      "value.ullVal")
+_FIELD_TIME = Packer(pynvml.c_nvmlFieldValue_t, "timestamp", "latencyUsec")
+_FIELD_RETURN = Packer(pynvml.c_nvmlFieldValue_t, "nvmlReturn")
+_PROCESS_INFO = Packer(pynvml.c_nvmlProcessInfo_v3_t, "pid", "usedGpuMemory", "gpuInstanceId",
+                       "computeInstanceId")
 
 
 def _fill_text(buffer: Any, size: Any, text: str) -> int:
@@ -138,9 +154,7 @@ class FakeNvmlLib(AsyncApi):
             return OK
         # Samples may have arrived since the size query: fill the oldest that fit, the cursor gets the rest.
         n = min(count._obj.value, len(found), len(samples))
-        for i, (timestamp, percent) in enumerate(found[:n]):
-            samples[i].timeStamp = timestamp
-            samples[i].sampleValue.uiVal = percent
+        _SAMPLE.fill(samples, found[:n])
         count._obj.value = n
         return OK
 
@@ -148,7 +162,7 @@ class FakeNvmlLib(AsyncApi):
     def nvmlDeviceGetUtilizationRates(self, gpu: GpuModel, t: float, rates: Any) -> int:
         if gpu.spec.mig == "enabled":
             return NOT_SUPPORTED
-        rates._obj.gpu, rates._obj.memory = gpu.utilization_rates(t)
+        _UTILIZATION.set(rates._obj, *gpu.utilization_rates(t))
         return OK
 
     @device_api
@@ -163,9 +177,7 @@ class FakeNvmlLib(AsyncApi):
             count._obj.value = len(found)
             return INSUFFICIENT_SIZE
         n = min(count._obj.value, len(found), len(samples))
-        for i, (timestamp, pid, sm, mem) in enumerate(found[:n]):
-            s = samples[i]
-            s.timeStamp, s.pid, s.smUtil, s.memUtil, s.encUtil, s.decUtil = timestamp, pid, sm, mem, 0, 0
+        _PROCESS_SAMPLE.fill(samples, found[:n])  # encUtil and decUtil 0
         count._obj.value = n
         return OK
 
@@ -174,18 +186,17 @@ class FakeNvmlLib(AsyncApi):
     @device_api
     def nvmlDeviceGetMemoryInfo_v2(self, gpu: GpuModel, t: float, memory: Any) -> int:
         m = memory._obj
-        if m.version != pynvml.nvmlMemory_v2:
+        if _MEMORY_V2_VERSION.read(m)[0] != pynvml.nvmlMemory_v2:
             return ARGUMENT_VERSION_MISMATCH
         spec, used = gpu.spec.memory, gpu.memory_used(t)
-        m.total, m.reserved, m.used = spec.total, spec.reserved, used  # v2: used excludes reserved
-        m.free = spec.total - spec.reserved - used
+        # v2: used excludes reserved
+        _MEMORY_V2.set(m, spec.total, spec.reserved, spec.total - spec.reserved - used, used)
         return OK
 
     @device_api
     def nvmlDeviceGetMemoryInfo(self, gpu: GpuModel, t: float, memory: Any) -> int:
         spec, used = gpu.spec.memory, gpu.memory_used(t)
-        m = memory._obj
-        m.total, m.free, m.used = spec.total, spec.total - spec.reserved - used, spec.reserved + used
+        _MEMORY.set(memory._obj, spec.total, spec.total - spec.reserved - used, spec.reserved + used)
         return OK
 
     @device_api
@@ -235,14 +246,15 @@ class FakeNvmlLib(AsyncApi):
         array = values._obj
         tx, rx = gpu.pcie_bytes(t)
         counters = {pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: tx, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: rx}
+        timestamp = EPOCH_US + round(t * 1e6)
         for i in range(min(value_of(count), len(array))):
-            v = array[i]
-            v.timestamp, v.latencyUsec = EPOCH_US + round(t * 1e6), 0
-            if v.fieldId in counters and gpu.spec.pcie.counters:
-                v.valueType, v.nvmlReturn = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, OK
-                v.value.ullVal = counters[v.fieldId]
+            field_id = _FIELD_ID.read_at(array, i)[0]
+            if field_id in counters and gpu.spec.pcie.counters:
+                _FIELD_VALUE.set_at(array, i, timestamp, 0, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, OK,
+                                    counters[field_id])
             else:  # per-field status; the call itself succeeds, as the real one does
-                v.nvmlReturn = NOT_SUPPORTED
+                _FIELD_TIME.set_at(array, i, timestamp, 0)
+                _FIELD_RETURN.set_at(array, i, NOT_SUPPORTED)
         return OK
 
     @device_api
@@ -272,9 +284,7 @@ class FakeNvmlLib(AsyncApi):
         if infos is None or capacity < len(procs):
             return INSUFFICIENT_SIZE if procs else OK
         instance = 0 if gpu.spec.mig == "enabled" else _NO_INSTANCE
-        for i, p in enumerate(procs):
-            infos[i].pid, infos[i].usedGpuMemory = p.pid, p.spec.memory
-            infos[i].gpuInstanceId = infos[i].computeInstanceId = instance
+        _PROCESS_INFO.fill(infos, [(p.pid, p.spec.memory, instance, instance) for p in procs])
         return OK
 
     @device_api

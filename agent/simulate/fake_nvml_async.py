@@ -21,6 +21,7 @@ from gpuscope.simulate.fake_nvml_base import (
     TIMEOUT,
     UNINITIALIZED,
     LibState,
+    Packer,
     Return,
     address,
     api,
@@ -41,6 +42,14 @@ _GPM_METRICS = {
     pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: "pcie_rx",
 }
 _NO_INSTANCE = 0xFFFFFFFF
+_GPM_REQUEST = Packer(pynvml.c_nvmlGpmMetricsGet_t, "version", "numMetrics", "sample1", "sample2")
+_GPM_METRIC_ID = Packer(pynvml.c_nvmlGpmMetric_t, "metricId")
+_GPM_METRIC_RESULT = Packer(pynvml.c_nvmlGpmMetric_t, "nvmlReturn", "value")
+
+
+def _where(pointer: Any) -> int:
+    """The address a pointer field holds: an int when read as memory, else a ctypes pointer."""
+    return pointer if isinstance(pointer, int) else (address(pointer) or 0)
 
 
 @dataclass
@@ -105,6 +114,7 @@ class AsyncApi(LibState):
         es = self._event_set(event_set)
         previous = es.registrations.get(gpu.index)
         es.registrations[gpu.index] = _Registration((previous.mask if previous else 0) | wanted, t)
+        self.cond.notify_all()  # a thread blocked in nvmlEventSetWait may now have Xids to watch for
         return OK
 
     def _scan(self, es: _EventSet, now: float) -> None:
@@ -117,6 +127,11 @@ class AsyncApi(LibState):
                 es.pending.extend((at, index, code) for at, code in self.gpus[index].xids_between(lo, now))
         es.pending.sort()
         es.scanned_until = now
+
+    def _may_deliver(self, es: _EventSet) -> bool:
+        """Whether any GPU registered for Xid events in ``es`` has Xids in its scenario at all."""
+        return any(reg.mask & pynvml.nvmlEventTypeXidCriticalError and self.gpus[index].spec.xid
+                   for index, reg in es.registrations.items())
 
     @api
     def nvmlEventSetWait_v2(self, event_set: Any, data: Any, timeout_ms: Any) -> int:
@@ -138,7 +153,10 @@ class AsyncApi(LibState):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return TIMEOUT
-            self.cond.wait(min(remaining, _POLL_S))
+            # Poll the scenario clock only while an Xid can come: with none scheduled for the registered
+            # GPUs nothing is delivered until a registration, shutdown, uninstall or free, which all
+            # notify, so block as the real call does instead of waking 50 times a second.
+            self.cond.wait(min(remaining, _POLL_S) if self._may_deliver(es) else remaining)
 
     @api
     def nvmlEventSetFree(self, event_set: Any) -> int:
@@ -152,7 +170,10 @@ class AsyncApi(LibState):
     # ---------------------------------------------------------------- GPM (Hopper and newer)
 
     def _gpm_sample(self, pointer: Any) -> _GpmSample:
-        sample = self._gpm_samples.get(address(pointer) or 0)
+        return self._gpm_sample_at(address(pointer) or 0)
+
+    def _gpm_sample_at(self, where: int) -> _GpmSample:
+        sample = self._gpm_samples.get(where)
         if sample is None:
             raise Return(INVALID_ARGUMENT)
         return sample
@@ -193,19 +214,22 @@ class AsyncApi(LibState):
     @api
     def nvmlGpmMetricsGet(self, request: Any) -> int:
         r = request._obj
-        if r.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+        version, num_metrics, sample1, sample2 = _GPM_REQUEST.read(r)  # the pointers as addresses
+        if version != pynvml.NVML_GPM_METRICS_GET_VERSION:
             return ARGUMENT_VERSION_MISMATCH
-        first, second = self._gpm_sample(r.sample1), self._gpm_sample(r.sample2)
+        first, second = self._gpm_sample_at(_where(sample1)), self._gpm_sample_at(_where(sample2))
         if first.gpu is None or first.gpu != second.gpu or second.taken_at < first.taken_at:
             return INVALID_ARGUMENT
-        values = self.gpus[first.gpu].gpm_average(first.taken_at, second.taken_at)
-        for i in range(min(r.numMetrics, len(r.metrics))):
-            metric = r.metrics[i]
-            name = _GPM_METRICS.get(metric.metricId)
+        metrics = r.metrics
+        n = min(num_metrics, len(metrics))
+        names = [_GPM_METRICS.get(_GPM_METRIC_ID.read_at(metrics, i)[0]) for i in range(n)]
+        pcie = any(name is not None and name.startswith("pcie") for name in names)
+        values = self.gpus[first.gpu].gpm_average(first.taken_at, second.taken_at, pcie=pcie)
+        for i, name in enumerate(names):
             if name is None:
-                metric.nvmlReturn, metric.value = NOT_SUPPORTED, 0.0
+                _GPM_METRIC_RESULT.set_at(metrics, i, NOT_SUPPORTED, 0.0)
                 continue
             value = values[name]
-            metric.nvmlReturn = OK
-            metric.value = value / _MiB if name.startswith("pcie") else value  # PCIe metrics are MiB/s
+            # PCIe metrics are MiB/s
+            _GPM_METRIC_RESULT.set_at(metrics, i, OK, value / _MiB if name.startswith("pcie") else value)
         return OK

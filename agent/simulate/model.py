@@ -10,9 +10,10 @@ import math
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpuscope.simulate.patterns import noise_stream
-from gpuscope.simulate.scenario import REASON_BITS, GpuSpec, ProcessSpec
+from gpuscope.simulate.scenario import REASON_BITS, FailureSpec, GpuSpec, ProcessSpec
 from gpuscope.simulate.timeline import (
     BUFFER_TICKS,
     TICKS_PER_SECOND,
@@ -33,6 +34,16 @@ _MAX_OCCURRENCES = 100  # Xid occurrences per event per scan, should a clock jum
 _PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)  # a typical 8-GPU server's layout
 _POWER_CAP = REASON_BITS["sw_power_cap"]
 _GPU_IDLE = REASON_BITS["gpu_idle"]
+
+
+class _Tick(NamedTuple):
+    """What the simulated driver records for one tick."""
+
+    utilization: float  # 0-1, at the tick's middle
+    sample: tuple[int, int] | None  # (timestamp µs, utilization %); None: no sample (lost or idle)
+    processes: tuple[tuple[int, int, int, int], ...]  # (pid, timestamp µs, sm %, memory %) per process
+    gpm_levels: tuple[float, float, float, float]  # sm_active, sm_occupancy, tensor_active, dram_active
+    # ... each times the utilization
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,26 @@ class GpuModel:
         self._energy_j = Integral(self._power_at_tick, period)
         self._tx = Integral(lambda tau: float(self.phase(tau).pcie.tx_bytes_per_s), period)
         self._rx = Integral(lambda tau: float(self.phase(tau).pcie.rx_bytes_per_s), period)
+        # What the scenario fixes for good, looked up once instead of on every C call.
+        self._single_phase = len(self.phases) == 1
+        self._lost_windows = list(spec.lost)
+        self._failures: dict[str, list[FailureSpec]] = {}
+        for f in spec.failures:
+            self._failures.setdefault(f.function, []).append(f)
+        self.may_fail = bool(self._lost_windows or self._failures)  # any lost window or injected error
+        self._all_memory = spec.memory.base_used + sum(p.spec.memory for p in self.processes)
+        # With no process ever stopping, every process is active from the latest start on.
+        self._all_active_from: float | None = (
+            max((p.spec.start for p in self.processes), default=0.0)
+            if all(p.spec.stop is None for p in self.processes) else None)
+        # Per-tick results, pure functions of a tick number (or a window's last tick): a sampler asks
+        # about the same recent ticks from several C functions and again on its next tick.
+        self._ticks: dict[int, _Tick] = {}  # k -> what tick k records
+        self._mean_memo: dict[tuple[int, int], float] = {}  # (last tick, window) -> mean utilization
+        self._rates_memo: dict[int, tuple[int, int]] = {}  # last tick -> GetUtilizationRates' answer
+        # The last buffer read, by (cursor, last tick): a sampler reads each buffer twice (size, then fill).
+        self._samples_last: tuple[tuple[int, int], list[tuple[int, int]]] | None = None
+        self._process_last: tuple[tuple[int, int], list[tuple[int, int, int, int]]] | None = None
 
     # ---------------------------------------------------------------- instantaneous behaviour
 
@@ -75,6 +106,8 @@ class GpuModel:
         return t % self.period if self.period is not None else t
 
     def phase(self, tau: float) -> Phase:
+        if self._single_phase:
+            return self.phases[0]
         return self.phases[max(0, bisect.bisect_right(self._starts, tau) - 1)]
 
     def utilization(self, tau: float) -> float:
@@ -88,8 +121,51 @@ class GpuModel:
             self._memo[tau] = value
         return value
 
+    def _tick(self, k: int) -> _Tick:
+        """What tick ``k`` records, computed once (memoised by tick number): every C function that
+        looks at recent ticks reads these, and a sampler asks about each tick from several of them."""
+        record = self._ticks.get(k)
+        if record is not None:
+            return record
+        middle = tick_middle(k)
+        tau = self.loop_time(middle)
+        util = self.utilization(tau)
+        gpm = self.phase(tau).gpm
+        lost = self.lost(middle)
+        if self._all_active_from is not None and tau >= self._all_active_from:
+            active = self.processes  # not copied: only read here
+        else:
+            active = [p for p in self.processes if p.spec.active(tau)]
+        timestamp = tick_timestamp_us(k)
+        # A lost or idle GPU (no context, no kernels) records no utilization sample.
+        sample = None if lost or (util == 0.0 and not active) else (timestamp, round(util * 100))
+        processes: tuple[tuple[int, int, int, int], ...] = ()
+        dram = gpm.dram_active
+        if not lost:
+            rows = []
+            for proc in active:
+                pattern = proc.spec.utilization
+                if pattern is None:  # process_utilization(), inlined: this runs per process and tick
+                    sm = proc.share * util
+                else:
+                    sm = pattern.value(tau - proc.spec.start, proc.stream, math.floor(tau * 1000))
+                rows.append((proc.pid, timestamp, round(sm * 100), round(sm * dram * 100)))
+            processes = tuple(rows)
+        if len(self._ticks) > _MEMO_SIZE:
+            self._ticks.clear()
+        record = self._ticks[k] = _Tick(util, sample, processes, (
+            gpm.sm_active * util, gpm.sm_occupancy * util, gpm.tensor_active * util, dram * util))
+        return record
+
     def active_processes(self, tau: float) -> list[SimProcess]:
+        if self._all_active_from is not None and tau >= self._all_active_from:
+            return list(self.processes)
         return [p for p in self.processes if p.spec.active(tau)]
+
+    def _any_active(self, tau: float) -> bool:
+        if self._all_active_from is not None and tau >= self._all_active_from:
+            return bool(self.processes)
+        return any(p.spec.active(tau) for p in self.processes)
 
     def process_utilization(self, proc: SimProcess, tau: float) -> float:
         if proc.spec.utilization is not None:
@@ -97,19 +173,26 @@ class GpuModel:
         return proc.share * self.utilization(tau)
 
     def lost(self, t: float) -> bool:
+        if not self._lost_windows:
+            return False
         tau = self.loop_time(t)
-        return any(w.contains(tau) for w in self.spec.lost)
+        return any(w.contains(tau) for w in self._lost_windows)
 
     def failure(self, function: str, t: float) -> str | None:
         """The error a scenario injects into ``function`` at ``t``, or None."""
+        failures = self._failures.get(function)
+        if not failures:
+            return None
         tau = self.loop_time(t)
-        for f in self.spec.failures:
-            if f.function == function and f.contains(tau):
+        for f in failures:
+            if f.contains(tau):
                 return f.error
         return None
 
     def memory_used(self, t: float) -> int:
         tau = self.loop_time(t)
+        if self._all_active_from is not None and tau >= self._all_active_from:
+            return self._all_memory
         return self.spec.memory.base_used + sum(p.spec.memory for p in self.active_processes(tau))
 
     def _power_at_tick(self, tau: float) -> float:
@@ -134,8 +217,19 @@ class GpuModel:
             yield self.loop_time(tick_middle(k))
 
     def mean_utilization(self, t: float, ticks: int = _RATE_WINDOW_TICKS) -> float:
-        values = [self.utilization(tau) for tau in self._recent(t, ticks)]
-        return sum(values) / len(values)
+        last = last_complete_tick(t)
+        if last < 0:
+            return self.utilization(self.loop_time(t))  # before the first tick: the one value at t
+        key = (last, ticks)
+        value = self._mean_memo.get(key)
+        if value is None:
+            if len(self._mean_memo) > _MEMO_SIZE:
+                self._mean_memo.clear()
+            records, tick = self._ticks, self._tick
+            window = range(max(0, last - ticks + 1), last + 1)
+            values = [(records.get(k) or tick(k)).utilization for k in window]
+            value = self._mean_memo[key] = sum(values) / len(values)
+        return value
 
     def power(self, t: float) -> tuple[float, bool]:
         return self._draw(self.phase(self.loop_time(t)), self.mean_utilization(t))
@@ -149,7 +243,7 @@ class GpuModel:
         return round(temp.idle_c + (temp.busy_c - temp.idle_c) * util)
 
     def _idle(self, t: float) -> bool:
-        return not self.active_processes(self.loop_time(t)) and self.mean_utilization(t) == 0.0
+        return not self._any_active(self.loop_time(t)) and self.mean_utilization(t) == 0.0
 
     def sm_clock_mhz(self, t: float) -> int:
         clocks = self.phase(self.loop_time(t)).clocks
@@ -176,10 +270,20 @@ class GpuModel:
 
     def utilization_rates(self, t: float) -> tuple[int, int]:
         """(gpu %, memory %) over the last second, as nvmlDeviceGetUtilizationRates reports them."""
+        last = last_complete_tick(t)
         gpu = self.mean_utilization(t)
-        taus = list(self._recent(t, _RATE_WINDOW_TICKS))
-        mem = sum(self.phase(tau).gpm.dram_active * self.utilization(tau) for tau in taus) / len(taus)
-        return round(gpu * 100), round(mem * 100)
+        if last < 0:  # before the first complete tick: the values at t
+            tau = self.loop_time(t)
+            return round(gpu * 100), round(self.phase(tau).gpm.dram_active * self.utilization(tau) * 100)
+        rates = self._rates_memo.get(last)
+        if rates is None:  # a function of the last complete tick alone
+            # dram_active x utilization of each tick of the window (the tick's last GPM level)
+            ticks = range(max(0, last - _RATE_WINDOW_TICKS + 1), last + 1)
+            mem = sum(self._tick(k).gpm_levels[3] for k in ticks) / len(ticks)
+            if len(self._rates_memo) > _MEMO_SIZE:
+                self._rates_memo.clear()
+            rates = self._rates_memo[last] = round(gpu * 100), round(mem * 100)
+        return rates
 
     def pcie_rates(self, t: float) -> tuple[float, float]:
         rates = self.phase(self.loop_time(t)).pcie
@@ -201,43 +305,53 @@ class GpuModel:
 
     def samples_after(self, cursor_us: int, t: float) -> list[tuple[int, int]]:
         """(timestamp µs, utilization %) of the buffered ticks newer than the cursor."""
+        key = (cursor_us, last_complete_tick(t))
+        if self._samples_last is not None and self._samples_last[0] == key:
+            return list(self._samples_last[1])
         out = []
         for k in self._buffered_ticks(cursor_us, t):
-            tau = self.loop_time(tick_middle(k))
-            util = self.utilization(tau)
-            if self.lost(tick_middle(k)) or (util == 0.0 and not self.active_processes(tau)):
-                continue  # a lost or idle GPU (no context, no kernels) records no samples
-            out.append((tick_timestamp_us(k), round(util * 100)))
-        return out
+            sample = self._tick(k).sample
+            if sample is not None:
+                out.append(sample)
+        self._samples_last = key, out
+        return list(out)
 
     def process_samples_after(self, cursor_us: int, t: float) -> list[tuple[int, int, int, int]]:
-        """(timestamp µs, pid, sm %, memory %) per active process and buffered tick newer than the cursor."""
-        out = []
+        """(pid, timestamp µs, sm %, memory %) per active process and buffered tick newer than the cursor."""
+        key = (cursor_us, last_complete_tick(t))
+        if self._process_last is not None and self._process_last[0] == key:
+            return list(self._process_last[1])
+        out: list[tuple[int, int, int, int]] = []
         for k in self._buffered_ticks(cursor_us, t):
-            tau = self.loop_time(tick_middle(k))
-            if self.lost(tick_middle(k)):
-                continue
-            dram = self.phase(tau).gpm.dram_active
-            for proc in self.active_processes(tau):
-                sm = self.process_utilization(proc, tau)
-                out.append((tick_timestamp_us(k), proc.pid, round(sm * 100), round(sm * dram * 100)))
-        return out
+            out.extend(self._tick(k).processes)
+        self._process_last = key, out
+        return list(out)
 
-    def gpm_average(self, t1: float, t2: float) -> dict[str, float]:
-        """GPM metrics (percent; PCIe in bytes/s) over the interval between two GPM samples."""
+    def gpm_average(self, t1: float, t2: float, *, pcie: bool = True) -> dict[str, float]:
+        """GPM metrics (percent; PCIe in bytes/s) over the interval between two GPM samples.
+
+        ``pcie=False`` leaves out pcie_tx and pcie_rx (for a request that asks for neither)."""
         first = math.floor(t1 * TICKS_PER_SECOND - 0.5) + 1  # ticks whose middle lies in (t1, t2]
         last = math.floor(t2 * TICKS_PER_SECOND - 0.5)
         if last < first:
-            taus = [self.loop_time(t2)]
+            tau = self.loop_time(t2)
+            util, gpm = self.utilization(tau), self.phase(tau).gpm
+            rows = [(gpm.sm_active * util, gpm.sm_occupancy * util, gpm.tensor_active * util,
+                     gpm.dram_active * util)]
         else:
             step = max(1, (last - first + 1) // _MAX_AVERAGE_TICKS)
-            taus = [self.loop_time(tick_middle(k)) for k in range(first, last + 1, step)]
-        sums = dict.fromkeys(("sm_active", "sm_occupancy", "tensor_active", "dram_active"), 0.0)
-        for tau in taus:
-            util, levels = self.utilization(tau), self.phase(tau).gpm
-            for name in sums:
-                sums[name] += getattr(levels, name) * util
-        out = {name: 100.0 * total / len(taus) for name, total in sums.items()}
+            rows = [self._tick(k).gpm_levels for k in range(first, last + 1, step)]
+        sm = occupancy = tensor = dram = 0.0
+        for a, b, c, d in rows:  # summed in tick order, one metric at a time, as ever
+            sm += a
+            occupancy += b
+            tensor += c
+            dram += d
+        n = len(rows)
+        out = {"sm_active": 100.0 * sm / n, "sm_occupancy": 100.0 * occupancy / n,
+               "tensor_active": 100.0 * tensor / n, "dram_active": 100.0 * dram / n}
+        if not pcie:
+            return out
         if t2 > t1:
             (tx1, rx1), (tx2, rx2) = self.pcie_bytes(t1), self.pcie_bytes(t2)
             out["pcie_tx"], out["pcie_rx"] = (tx2 - tx1) / (t2 - t1), (rx2 - rx1) / (t2 - t1)

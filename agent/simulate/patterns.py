@@ -35,10 +35,12 @@ def noise_stream(seed: int, *parts: int) -> int:
 
 def noise_unit(stream: int, key: int) -> float:
     """Deterministic jitter in [-1, 1], triangular (sum of two uniforms) so small values dominate."""
-    h = _splitmix64(stream ^ (key & _MASK64))
-    a = (h & 0xFFFFFFFF) / 0xFFFFFFFF
-    b = (h >> 32) / 0xFFFFFFFF
-    return a + b - 1.0
+    # _splitmix64(stream ^ (key & _MASK64)), inlined: this runs for every simulated tick.
+    x = ((stream ^ (key & _MASK64)) + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    h = x ^ (x >> 31)
+    return (h & 0xFFFFFFFF) / 0xFFFFFFFF + (h >> 32) / 0xFFFFFFFF - 1.0
 
 
 class _Pattern(BaseModel):
@@ -52,9 +54,12 @@ class _Pattern(BaseModel):
 
     def value(self, t: float, stream: int, key: int) -> float:
         level = self.level_at(t)
-        if self.noise:
-            level += self.noise * noise_unit(stream, key)
-        return min(1.0, max(0.0, level))
+        noise = self.noise
+        if noise:
+            level += noise * noise_unit(stream, key)
+        # min(1.0, max(0.0, level)), spelt out (the same comparisons, NaN included): runs per tick
+        level = level if level > 0.0 else 0.0
+        return level if level < 1.0 else 1.0
 
 
 class SteadyPattern(_Pattern):

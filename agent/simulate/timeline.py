@@ -111,16 +111,31 @@ class Integral:
         self._rate = rate
         self._period = period
         self._prefix = [0.0]
+        # The rates of the loop's ticks (a pure function of the tick), kept when the loop bounds them;
+        # without a loop only the last one, which the next extension of the prefix sums starts with.
+        self._rates: list[float] = []
+        self._last: tuple[int, float] = (-1, 0.0)
         self._loop_total: float | None = None
+
+    def _rate_of(self, i: int) -> float:
+        if self._period is not None:
+            rates = self._rates
+            while len(rates) <= i:
+                rates.append(self._rate(tick_middle(len(rates))))
+            return rates[i]
+        if self._last[0] != i:
+            self._last = (i, self._rate(tick_middle(i)))
+        return self._last[1]
 
     def _within(self, tau: float) -> float:
         # Prefix sums of the per-tick rates themselves (exact for integer rates), scaled at the end.
         j = math.floor(tau * TICKS_PER_SECOND)
-        while len(self._prefix) <= j:
-            i = len(self._prefix) - 1
-            self._prefix.append(self._prefix[-1] + self._rate(tick_middle(i)))
-        partial = self._rate(tick_middle(j)) * (tau * TICKS_PER_SECOND - j)
-        return (self._prefix[j] + partial) / TICKS_PER_SECOND
+        prefix = self._prefix
+        while len(prefix) <= j:
+            i = len(prefix) - 1
+            prefix.append(prefix[-1] + self._rate_of(i))
+        partial = self._rate_of(j) * (tau * TICKS_PER_SECOND - j)
+        return (prefix[j] + partial) / TICKS_PER_SECOND
 
     def at(self, t: float) -> float:
         t = max(0.0, t)
