@@ -1,0 +1,1 @@
+"""Alerts: rules over per-GPU history that recognise a wasted GPU while it is happening."""

@@ -1,0 +1,35 @@
+"""The `alerting:` section of the configuration: rules (rules_config.py) and outputs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from gpuscope.alerts.rules_config import RulesConfig
+from gpuscope.durations import parse_duration
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EventLogConfig(_Section):
+    path: str | None = Field(None, description="JSON-lines file of alert transitions; none: no event log.")
+    max_bytes: int = Field(10 * 2**20, ge=4096, description="Rotate when the file reaches this size.")
+    backups: int = Field(3, ge=0, le=100, description="Rotated files kept (path.1 ... path.N).")
+
+
+class AlertmanagerConfig(_Section):
+    url: str | None = Field(None, description="Alertmanager base URL, e.g. http://alertmanager:9093.")
+    resend_interval: Duration = Field(60.0, gt=0.0, description="Firing alerts are re-sent this often.")
+    timeout: Duration = Field(5.0, gt=0.0, le=60.0, description="HTTP timeout of one push.")
+
+
+class AlertingConfig(_Section):
+    enabled: bool = True
+    rules: RulesConfig = RulesConfig()
+    event_log: EventLogConfig = EventLogConfig()
+    alertmanager: AlertmanagerConfig = AlertmanagerConfig()

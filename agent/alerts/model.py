@@ -1,0 +1,90 @@
+"""The alert data model shared by the rule engine and its outputs (metrics, event log, API, Alertmanager).
+
+Times are wall-clock Unix seconds unless named ``*_monotonic``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Severity = Literal["info", "warning", "critical"]
+AlertState = Literal["pending", "firing"]
+# What a transition leads to: pending (condition became true), firing (true for `for`),
+# resolved (a firing alert whose condition was false for `clear_for`), inactive (a pending alert
+# whose condition went false before `for` elapsed; never reached firing).
+TransitionState = Literal["pending", "firing", "resolved", "inactive"]
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A rule's finding on one GPU at one evaluation: the condition holds, with the evidence."""
+
+    gpu: int
+    values: Mapping[str, float]  # the numbers that made it true, e.g. {"mean_utilization": 0.55}
+    summary: str  # one sentence a person can act on, e.g. "GPU 1 mean utilization 55% < 80% over 2m"
+    labels: Mapping[str, str] = field(default_factory=dict)  # extra labels, e.g. {"laggard": "true"}
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """An alert that is pending or firing now."""
+
+    name: str  # the rule name, e.g. "GpuLowUtilization" (Prometheus' alertname)
+    gpu: int
+    uuid: str
+    severity: Severity
+    state: AlertState
+    hostname: str
+    active_since: float  # when the condition first held (pending began)
+    firing_since: float | None
+    values: Mapping[str, float]
+    summary: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "alertname": self.name, "gpu": self.gpu, "uuid": self.uuid, "severity": self.severity,
+            "state": self.state, "hostname": self.hostname, "active_since": self.active_since,
+            "firing_since": self.firing_since, "values": dict(self.values), "summary": self.summary,
+            "labels": dict(self.labels),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One change of an alert's state, as written to the event log and pushed to Alertmanager."""
+
+    name: str
+    gpu: int
+    uuid: str
+    severity: Severity
+    hostname: str
+    previous: TransitionState | None  # None for the first transition of an alert (inactive -> pending)
+    state: TransitionState
+    at: float  # when the transition happened
+    active_since: float  # when the condition first held (the alert's start time)
+    values: Mapping[str, float]
+    summary: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "alertname": self.name, "gpu": self.gpu, "uuid": self.uuid, "severity": self.severity,
+            "hostname": self.hostname, "from": self.previous, "to": self.state, "at": self.at,
+            "started_at": self.active_since, "values": dict(self.values), "summary": self.summary,
+            "labels": dict(self.labels),
+        }
+
+
+class AlertSource(Protocol):
+    """The rule engine as its outputs see it (metrics, /api/v1/alerts, Alertmanager resends)."""
+
+    def alerts(self) -> list[Alert]:
+        """The alerts pending or firing now (a copy; safe from any thread)."""
+        ...
+
+    def transition_counts(self) -> Mapping[tuple[str, TransitionState], int]:
+        """(alertname, state) -> transitions into that state since start."""
+        ...
