@@ -14,13 +14,18 @@ Runs the real sampler and the real pynvml wrappers in this process over the fake
   manual one moved by ``--interval`` before each tick. The least noisy figure; compare versions
   with it, and with ``paced`` for what production pays;
 - back-to-back: real-time ticks with no pause: nothing new in the driver's buffers, the fixed cost;
-- a cProfile of paced ticks, split by who spends the time: ``gpuscope.simulate`` (the fake
-  library: on a real node the driver does this in C), ``pynvml`` (the bindings' Python wrappers)
-  and gpuscope's own code by module (the NVML boundary, the sampler, the process lookups). Time in
-  builtins and the standard library (ctypes, locks, generated dataclass __init__) and in pynvml's
-  structure field accessors goes to the nearest caller that is one of those. Profiling inflates
-  short calls, so the shares (not the milliseconds) are what to read; applied to the paced CPU they
-  estimate the fake's part and what a real node pays (pynvml + gpuscope).
+- the split between the fake library (on a real node the driver does that work in C, outside
+  Python) and the rest, what a real node pays (pynvml's wrappers, gpuscope): measured directly by
+  timing every call into the fake's C functions (perf_counter around each; those ticks are timed
+  with perf_counter too), over stepped ticks and over paced ones;
+- a cProfile of paced ticks, split by module: ``gpuscope.simulate`` (the fake), ``pynvml`` (the
+  bindings' wrappers) and gpuscope's own modules (the NVML boundary, the sampler, the process
+  lookups). Time in builtins and the standard library (ctypes, locks, generated dataclass
+  __init__) and in pynvml's structure field accessors goes to the nearest caller that is one of
+  those. Profiling inflates short calls, so read the shares, not the milliseconds.
+
+On a small shared VM the paced figures vary by tens of percent from run to run; compare versions
+with the stepped ones, and several runs of each.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import os
 import pstats
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -127,35 +133,81 @@ def running(scenario: str, interval: float, clock: Callable[[], float] | None = 
         sim.uninstall()
 
 
-def paced_ticks(sampler: Sampler, ticks: int, interval: float,
-                profiler: cProfile.Profile | None = None) -> tuple[list[float], list[float], float]:
-    """Per tick thread CPU and process CPU (ms), and the process CPU (ms) per interval overall."""
-    thread_ms, process_ms = [], []
+def paced_ticks(
+    sampler: Sampler, ticks: int, interval: float, profiler: cProfile.Profile | None = None,
+) -> tuple[list[float], list[float], float, list[float]]:
+    """Per tick thread CPU and process CPU (ms), the process CPU (ms) per interval overall, and per
+    tick the wall time (ms)."""
+    thread_ms, process_ms, wall_ms = [], [], []
     window_cpu0, window_t0 = time.process_time(), time.monotonic()
     next_at = time.monotonic()
     for _ in range(ticks):
         next_at += interval
         time.sleep(max(0.0, next_at - time.monotonic()))
-        p0, t0 = time.process_time(), time.thread_time()
+        p0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
         if profiler is not None:
             profiler.enable()
         sampler.tick()
         if profiler is not None:
             profiler.disable()
+        wall_ms.append((time.perf_counter() - w0) * 1000)
         thread_ms.append((time.thread_time() - t0) * 1000)
         process_ms.append((time.process_time() - p0) * 1000)
     window_ms = (time.process_time() - window_cpu0) * 1000
     intervals = (time.monotonic() - window_t0) / interval
-    return thread_ms, process_ms, window_ms / intervals
+    return thread_ms, process_ms, window_ms / intervals, wall_ms
 
 
-def stepped_ticks(sampler: Sampler, clock: ManualClock, ticks: int, interval: float) -> list[float]:
+@contextmanager
+def timing_fake() -> Iterator[dict[str, float]]:
+    """Time the calls this thread (the ticking one) makes into the installed fake library's C
+    functions: yields {"seconds", "calls"}. The Xid thread's calls (a blocking wait) are not counted."""
+    lib = pynvml.nvmlLib
+    spent = {"seconds": 0.0, "calls": 0.0}
+    clock = time.perf_counter  # cheap (thread_time is a system call): these ticks are timed by it too
+    ticking = threading.get_ident()
+
+    def timed(fn: Callable[..., int]) -> Callable[..., int]:
+        def call(*args: Any) -> int:
+            if threading.get_ident() != ticking:
+                return fn(*args)
+            t0 = clock()
+            try:
+                return fn(*args)
+            finally:
+                spent["seconds"] += clock() - t0
+                spent["calls"] += 1
+
+        return call
+
+    names = [name for name in dir(type(lib)) if name.startswith("nvml")]
+    for name in names:  # instance attributes shadow the class's methods, for pynvml's getattr
+        setattr(lib, name, timed(getattr(lib, name)))
+    pynvml._nvmlGetFunctionPointer_cache.clear()  # pynvml caches the functions it looked up
+    try:
+        yield spent
+    finally:
+        for name in names:
+            delattr(lib, name)
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+def split_ms(ticks_ms: list[float], spent: dict[str, float]) -> dict[str, float]:
+    ticks = len(ticks_ms)
+    fake = spent["seconds"] * 1000 / ticks
+    total = statistics.mean(ticks_ms)
+    return {"tick_ms": total, "fake_ms": fake, "real_node_ms": total - fake,
+            "fake_calls_per_tick": spent["calls"] / ticks}
+
+
+def stepped_ticks(sampler: Sampler, clock: ManualClock, ticks: int, interval: float,
+                  timer: Callable[[], float] = time.thread_time) -> list[float]:
     out = []
     for _ in range(ticks):
         clock.now += interval
-        t0 = time.thread_time()
+        t0 = timer()
         sampler.tick()
-        out.append((time.thread_time() - t0) * 1000)
+        out.append((timer() - t0) * 1000)
     return out
 
 
@@ -208,6 +260,9 @@ def main() -> None:
             clock.now += args.interval
             sampler.tick()
         stepped = stepped_ticks(sampler, clock, args.stepped, args.interval)
+        with timing_fake() as spent:
+            stepped_split = split_ms(
+                stepped_ticks(sampler, clock, args.stepped, args.interval, time.perf_counter), spent)
 
     with running(args.scenario, args.interval) as sampler:
         for _ in range(args.warmup):  # NVML init, enumeration, first GPM sample, pid cache filled
@@ -216,21 +271,25 @@ def main() -> None:
         snap = sampler.latest()
         assert snap is not None and snap.nvml_up, "the simulated NVML did not come up"
         shape = {"gpus": len(snap.gpus), "processes": sum(len(g.processes) for g in snap.gpus)}
-        thread_ms, process_ms, per_interval_ms = paced_ticks(sampler, args.ticks, args.interval)
+        thread_ms, process_ms, per_interval_ms, _ = paced_ticks(sampler, args.ticks, args.interval)
         cpu0 = time.process_time()
         for _ in range(args.back_to_back):
             sampler.tick()
         b2b_ms = (time.process_time() - cpu0) * 1000 / args.back_to_back
+        with timing_fake() as spent:
+            paced_split = split_ms(paced_ticks(sampler, args.profile_ticks, args.interval)[3], spent)
         profiler = cProfile.Profile()
         paced_ticks(sampler, args.profile_ticks, args.interval, profiler)
 
     per_tick = {cat: s * 1000 / args.profile_ticks for cat, s in split(pstats.Stats(profiler)).items()}
-    paced = {"thread_cpu_ms": stats(thread_ms), "process_cpu_ms": stats(process_ms),
-             "process_cpu_ms_per_interval": per_interval_ms}
-    result = {
+    thread, stepped_stats = stats(thread_ms), stats(stepped)
+    paced: dict[str, Any] = {"thread_cpu_ms": thread, "process_cpu_ms": stats(process_ms),
+                             "process_cpu_ms_per_interval": per_interval_ms}
+    prof = summarize(per_tick, thread["mean"])
+    result: dict[str, Any] = {
         "python": sys.version.split()[0], "scenario": args.scenario, "interval_s": args.interval, **shape,
-        "paced": paced, "stepped_cpu_ms": stats(stepped), "back_to_back_cpu_ms": b2b_ms,
-        "profile": summarize(per_tick, paced["thread_cpu_ms"]["mean"]),
+        "paced": paced, "stepped_cpu_ms": stepped_stats, "back_to_back_cpu_ms": b2b_ms,
+        "split_stepped": stepped_split, "split_paced": paced_split, "profile": prof,
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -239,16 +298,20 @@ def main() -> None:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.top)
         print(text.getvalue())
-    p, st, prof = paced, result["stepped_cpu_ms"], result["profile"]
+    st = stepped_stats
     print(f"{args.scenario}: {shape['gpus']} GPUs, {shape['processes']} processes, one tick per "
           f"{args.interval:g} s, Python {result['python']}; CPU ms per tick")
-    thread = p["thread_cpu_ms"]
     print(f"  paced, {args.ticks} ticks:        mean {thread['mean']:6.3f}  "
           f"median {thread['median']:6.3f}  p90 {thread['p90']:6.3f}  (sampler thread)")
     print(f"    process CPU per interval:   {per_interval_ms:6.3f}  (ticks + other threads)")
     print(f"  stepped, {args.stepped} ticks:      mean {st['mean']:6.3f}  median {st['median']:6.3f}  "
           f"p90 {st['p90']:6.3f}")
     print(f"  back-to-back, {args.back_to_back} ticks: mean {b2b_ms:6.3f}  (nothing new in the buffers)")
+    splits = (("stepped", stepped_split, args.stepped), ("paced", paced_split, args.profile_ticks))
+    for label, sp, n in splits:
+        print(f"  timed split, {label} ({n} ticks, {sp['fake_calls_per_tick']:.0f} fake calls/tick): "
+              f"tick {sp['tick_ms']:.3f} = fake NVML {sp['fake_ms']:.3f} + real-node part (pynvml + "
+              f"gpuscope) {sp['real_node_ms']:.3f}")
     print(f"  profile of {args.profile_ticks} paced ticks ({prof['profiled_ms_per_tick']:.2f} ms/tick "
           "under cProfile), share of the time:")
     total = prof["profiled_ms_per_tick"] or 1.0
@@ -260,7 +323,7 @@ def main() -> None:
     if prof["unattributed_ms"]:
         print(f"    unattributed{'':<31}{100 * prof['unattributed_ms'] / total:5.1f} %")
     print(f"  paced tick split by those shares: fake {prof['paced_fake_ms_estimate']:.3f} ms, "
-          f"real-node part (pynvml + gpuscope) {prof['paced_real_node_ms_estimate']:.3f} ms")
+          f"real-node part {prof['paced_real_node_ms_estimate']:.3f} ms")
 
 
 if __name__ == "__main__":

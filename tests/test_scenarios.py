@@ -22,7 +22,10 @@ from gpuscope.simulate.units import parse_size
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "scenarios.md"
 BUNDLED = {"demo": 4, "healthy": 4, "input-bound": 4, "shared-gpu": 4, "skew": 4, "gpu-lost": 4,
-           "no-driver": 2, "mig": 2, "legacy": 2, "bench-8x4": 8}
+           "no-driver": 2, "mig": 2, "legacy": 2, "bench-8x4": 8,
+           # One scenario per alert rule (tests/test_alert_scenarios.py), 4 GPUs each.
+           **{f"alert-{rule}": 4 for rule in ("low-utilization", "shared", "idle-dips", "skew", "stalled",
+                                               "throttled", "xid")}}
 
 
 class ManualClock:

@@ -278,7 +278,7 @@ class FakeNvmlLib(AsyncApi):
     # ---------------------------------------------------------------- processes
 
     def _processes(self, gpu: GpuModel, t: float, kind: str, count: Any, infos: Any) -> int:
-        procs = [p for p in gpu.active_processes(gpu.loop_time(t)) if p.spec.kind == kind]
+        procs = gpu.active_processes_of_kind(gpu.loop_time(t), kind)
         capacity = count._obj.value
         count._obj.value = len(procs)
         if infos is None or capacity < len(procs):

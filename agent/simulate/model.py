@@ -8,9 +8,9 @@ from __future__ import annotations
 import bisect
 import math
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from gpuscope.simulate.patterns import noise_stream
 from gpuscope.simulate.scenario import REASON_BITS, FailureSpec, GpuSpec, ProcessSpec
@@ -29,11 +29,23 @@ from gpuscope.simulate.timeline import (
 _RATE_WINDOW_TICKS = TICKS_PER_SECOND  # GetUtilizationRates, power and clocks: the last second
 _THERMAL_WINDOW_TICKS = 5 * TICKS_PER_SECOND  # temperature follows a 5 s average, not each sample
 _MAX_AVERAGE_TICKS = 600  # a long GPM interval is averaged over at most this many ticks
-_MEMO_SIZE = 4096  # utilization values remembered per GPU (a few minutes of ticks)
+_MEMO_SIZE = 512  # utilization values remembered per GPU: reuse within a few ticks, bounded memory
+# Tick records and window results remembered per GPU: a sampler looks back at most a buffer's worth
+# (BUFFER_TICKS) or a thermal window. Adding tick k forgets tick k - _TICK_MEMO_SIZE, so a clock that
+# moves forward keeps this many; past twice as many (a clock moving about) the memo restarts.
+_TICK_MEMO_SIZE = 256  # > BUFFER_TICKS + the thermal window
 _MAX_OCCURRENCES = 100  # Xid occurrences per event per scan, should a clock jump far ahead
 _PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)  # a typical 8-GPU server's layout
 _POWER_CAP = REASON_BITS["sw_power_cap"]
 _GPU_IDLE = REASON_BITS["gpu_idle"]
+
+
+def _remember(memo: dict[Any, Any], key: Any, stale: Any) -> None:
+    """Make room in a tick-keyed memo for ``key``: forget ``stale`` (the key as old as the memo is
+    long), and everything should the memo have grown past twice its size anyway."""
+    memo.pop(stale, None)
+    if len(memo) > 2 * _TICK_MEMO_SIZE:
+        memo.clear()
 
 
 class _Tick(NamedTuple):
@@ -87,6 +99,9 @@ class GpuModel:
             self._failures.setdefault(f.function, []).append(f)
         self.may_fail = bool(self._lost_windows or self._failures)  # any lost window or injected error
         self._all_memory = spec.memory.base_used + sum(p.spec.memory for p in self.processes)
+        self._all_of_kind: dict[str, tuple[SimProcess, ...]] = {}
+        for proc in self.processes:
+            self._all_of_kind[proc.spec.kind] = (*self._all_of_kind.get(proc.spec.kind, ()), proc)
         # With no process ever stopping, every process is active from the latest start on.
         self._all_active_from: float | None = (
             max((p.spec.start for p in self.processes), default=0.0)
@@ -151,8 +166,7 @@ class GpuModel:
                     sm = pattern.value(tau - proc.spec.start, proc.stream, math.floor(tau * 1000))
                 rows.append((proc.pid, timestamp, round(sm * 100), round(sm * dram * 100)))
             processes = tuple(rows)
-        if len(self._ticks) > _MEMO_SIZE:
-            self._ticks.clear()
+        _remember(self._ticks, k, k - _TICK_MEMO_SIZE)
         record = self._ticks[k] = _Tick(util, sample, processes, (
             gpm.sm_active * util, gpm.sm_occupancy * util, gpm.tensor_active * util, dram * util))
         return record
@@ -161,6 +175,12 @@ class GpuModel:
         if self._all_active_from is not None and tau >= self._all_active_from:
             return list(self.processes)
         return [p for p in self.processes if p.spec.active(tau)]
+
+    def active_processes_of_kind(self, tau: float, kind: str) -> Sequence[SimProcess]:
+        """The active processes of one kind ("compute", "graphics"), in scenario order."""
+        if self._all_active_from is not None and tau >= self._all_active_from:
+            return self._all_of_kind.get(kind, ())
+        return [p for p in self.processes if p.spec.active(tau) and p.spec.kind == kind]
 
     def _any_active(self, tau: float) -> bool:
         if self._all_active_from is not None and tau >= self._all_active_from:
@@ -223,8 +243,7 @@ class GpuModel:
         key = (last, ticks)
         value = self._mean_memo.get(key)
         if value is None:
-            if len(self._mean_memo) > _MEMO_SIZE:
-                self._mean_memo.clear()
+            _remember(self._mean_memo, key, (last - _TICK_MEMO_SIZE, ticks))
             records, tick = self._ticks, self._tick
             window = range(max(0, last - ticks + 1), last + 1)
             values = [(records.get(k) or tick(k)).utilization for k in window]
@@ -280,8 +299,7 @@ class GpuModel:
             # dram_active x utilization of each tick of the window (the tick's last GPM level)
             ticks = range(max(0, last - _RATE_WINDOW_TICKS + 1), last + 1)
             mem = sum(self._tick(k).gpm_levels[3] for k in ticks) / len(ticks)
-            if len(self._rates_memo) > _MEMO_SIZE:
-                self._rates_memo.clear()
+            _remember(self._rates_memo, last, last - _TICK_MEMO_SIZE)
             rates = self._rates_memo[last] = round(gpu * 100), round(mem * 100)
         return rates
 
