@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import socket
 import threading
 from types import FrameType
 from typing import Any
@@ -12,7 +13,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
+from gpuscope.alerts.alertmanager import AlertmanagerNotifier, instance_label
+from gpuscope.alerts.engine import AlertEngine
+from gpuscope.alerts.eventlog import AlertEventLog
+from gpuscope.alerts.rules_config import build_rules
 from gpuscope.config import Settings
+from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.prometheus import GpuscopeCollector
 from gpuscope.http_server import AgentHttpServer
 from gpuscope.nvml import Nvml
@@ -33,6 +39,7 @@ class Agent:
             from gpuscope.simulate import Simulation, load_scenario
 
             self.simulation = Simulation(load_scenario(settings.simulate))
+        self.hostname = settings.node_name or socket.gethostname()
         self.nvml = Nvml()
         self.sampler = Sampler(
             self.nvml,
@@ -40,7 +47,7 @@ class Agent:
             interval_seconds=settings.sample_interval,
             idle_dip_threshold=settings.idle_dips.threshold,
             idle_dip_max_seconds=settings.idle_dips.max_duration,
-            hostname=settings.node_name,
+            hostname=self.hostname,
             retry_initial_seconds=settings.nvml.retry_initial,
             retry_max_seconds=settings.nvml.retry_max,
         )
@@ -48,7 +55,20 @@ class Agent:
         collector = GpuscopeCollector(self.sampler.latest, include_cmdline=settings.processes.cmdline)
         self.registry.register(collector)
         ProcessCollector(registry=self.registry)  # the agent's own CPU and memory, to prove its overhead
-        self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler)
+
+        alerting = settings.alerting
+        self.alerts: AlertEngine | None = None
+        self.event_log: AlertEventLog | None = None
+        self.notifier: AlertmanagerNotifier | None = None
+        if alerting.enabled:
+            self.alerts = AlertEngine(build_rules(alerting.rules), hostname=self.hostname)
+            self.sampler.add_listener(self.alerts.on_snapshot)
+            self.registry.register(AlertCollector(self.alerts))
+            if alerting.event_log.path is not None:
+                self.event_log = AlertEventLog(alerting.event_log)
+                self.alerts.add_listener(self.event_log)
+        self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler,
+                                    alerts=self.alerts)
         self._stopped = False
 
     def start(self) -> None:
@@ -60,6 +80,14 @@ class Agent:
             if self.simulation is not None:
                 self.simulation.uninstall()
             raise
+        if self.alerts is not None and self.settings.alerting.alertmanager.url is not None:
+            # Built once the port is bound: the alert's `instance` label names the real address.
+            host, port = self.http.bound_address[:2]
+            self.notifier = AlertmanagerNotifier(
+                self.settings.alerting.alertmanager, self.alerts, hostname=self.hostname,
+                instance=instance_label(host, port, self.hostname))
+            self.alerts.add_listener(self.notifier)
+            self.notifier.start()
         self.sampler.start()
         # Everything built so far lives as long as the process: move it out of the collector's
         # reach, so the garbage a scrape leaves behind triggers cheap collections, not 6-8 ms ones.
@@ -76,6 +104,10 @@ class Agent:
         self._stopped = True
         self.http.stop()
         self.sampler.stop()
+        if self.notifier is not None:
+            self.notifier.stop()
+        if self.event_log is not None:
+            self.event_log.close()
         if self.simulation is not None:
             self.simulation.uninstall()
 

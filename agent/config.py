@@ -13,7 +13,10 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from gpuscope.durations import parse_duration
+from gpuscope.alerts.alertmanager import alertmanager_endpoint
+from gpuscope.alerts.config import AlertingConfig
+from gpuscope.alerts.rules_config import validate_against_interval
+from gpuscope.durations import format_duration, parse_duration
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
@@ -65,6 +68,7 @@ class Settings(BaseSettings):
     processes: ProcessesConfig = ProcessesConfig()
     idle_dips: IdleDipsConfig = IdleDipsConfig()
     nvml: NvmlConfig = NvmlConfig()
+    alerting: AlertingConfig = AlertingConfig()
 
     @classmethod
     def settings_customise_sources(
@@ -111,9 +115,29 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
         settings = Settings.model_validate(merged)
     except ValidationError as err:
         raise ConfigError(source, format_errors(err)) from err
-    if settings.nvml.retry_max < settings.nvml.retry_initial:
-        raise ConfigError(source, ["nvml.retry_max: must not be shorter than nvml.retry_initial"])
+    problems = _cross_field_problems(settings)
+    if problems:
+        raise ConfigError(source, problems)
     return settings
+
+
+def _cross_field_problems(settings: Settings) -> list[str]:
+    """Checks that involve more than one key, in the same "key.path: reason" form."""
+    problems = []
+    if settings.nvml.retry_max < settings.nvml.retry_initial:
+        problems.append("nvml.retry_max: must not be shorter than nvml.retry_initial")
+    if settings.alerting.enabled:
+        problems += validate_against_interval(settings.alerting.rules, settings.sample_interval)
+    url = settings.alerting.alertmanager.url
+    if url is not None:
+        try:
+            alertmanager_endpoint(url)
+        except ValueError as err:
+            problems.append(f"alerting.alertmanager.url: {err}")
+    if settings.alerting.alertmanager.resend_interval < settings.sample_interval:
+        problems.append("alerting.alertmanager.resend_interval: must be at least the sample interval "
+                        f"({format_duration(settings.sample_interval)})")
+    return problems
 
 
 def format_errors(err: ValidationError) -> list[str]:

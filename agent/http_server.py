@@ -1,4 +1,4 @@
-"""The agent's HTTP endpoints: /metrics, health and readiness probes, the snapshot as JSON.
+"""The agent's HTTP endpoints: /metrics, health and readiness probes, the snapshot and alerts as JSON.
 
 A small WSGI app on a threading ``wsgiref`` server (no dependency beyond the standard library and
 prometheus_client). /metrics collects the registry once per request and encodes the families with
@@ -7,6 +7,10 @@ times faster. Content negotiation (text 0.0.4 or OpenMetrics, and their Content-
 the gzip decision are prometheus_client's own functions, so clients see what every other Python
 exporter serves; gzip uses a fast compression level. ``?name[]=NAME`` (repeatable) keeps only the
 families, or the samples, with those names.
+
+/api/v1/alerts answers 200 with ``{"enabled": bool, "alerts": [Alert.to_json(), ...]}`` (pending and
+firing alerts); with alerting disabled (no AlertSource) it is ``{"enabled": false, "alerts": []}``,
+not an error, so a dashboard or script polling it needs no special case.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import gzip
 import ipaddress
 import json
 import logging
+import math
 import re
 import selectors
 import socket
@@ -30,6 +35,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import gzip_accepted
 
+from gpuscope.alerts.model import AlertSource
 from gpuscope.exporters.exposition import negotiate, restrict_families
 from gpuscope.status import SnapshotSource
 from gpuscope.version import __version__
@@ -175,7 +181,7 @@ class AgentHttpServer:
     """Serves the agent's endpoints on ``listen_address`` from a daemon thread.
 
     ``clock`` is the monotonic clock that readiness compares snapshot ages with (a parameter so
-    tests need not sleep).
+    tests need not sleep). ``alerts`` is the rule engine, None when alerting is disabled.
     """
 
     def __init__(
@@ -185,10 +191,11 @@ class AgentHttpServer:
         registry: CollectorRegistry,
         source: SnapshotSource,
         clock: Callable[[], float] = time.monotonic,
+        alerts: AlertSource | None = None,
     ) -> None:
         self._address = listen_address
         self._host, self._port = parse_listen_address(listen_address)
-        self._app = _AgentApp(registry, source, clock)
+        self._app = _AgentApp(registry, source, clock, alerts)
         self._server: _ThreadingWsgiServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -230,16 +237,19 @@ class AgentHttpServer:
 class _AgentApp:
     """The WSGI application: routes a request to one small handler per endpoint."""
 
-    def __init__(self, registry: CollectorRegistry, source: SnapshotSource, clock: Callable[[], float]):
+    def __init__(self, registry: CollectorRegistry, source: SnapshotSource, clock: Callable[[], float],
+                 alerts: AlertSource | None = None):
         self._registry = registry
         self._source = source
         self._clock = clock
+        self._alerts = alerts
         self._routes: dict[str, Callable[[WSGIEnvironment], _Response]] = {
             "/": self._index,
             "/metrics": self._metrics,
             "/-/healthy": self._healthy,
             "/-/ready": self._ready,
             "/api/v1/snapshot": self._snapshot,
+            "/api/v1/alerts": self._alerts_json,
         }
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -304,9 +314,29 @@ class _AgentApp:
             return "503 Service Unavailable", [("Content-Type", _JSON)], body.encode()
         return "200 OK", [("Content-Type", _JSON)], json.dumps(snapshot.to_json()).encode()
 
+    def _alerts_json(self, environ: WSGIEnvironment) -> _Response:
+        alerts = [] if self._alerts is None else [alert.to_json() for alert in self._alerts.alerts()]
+        document = {"enabled": self._alerts is not None, "alerts": alerts}
+        try:
+            body = json.dumps(document, allow_nan=False)
+        except ValueError:  # a NaN or infinite rule value: JSON has no literal for it, null is honest
+            body = json.dumps(_finite(document), allow_nan=False)
+        return "200 OK", [("Content-Type", _JSON)], body.encode()
+
 
 def _text(status: str, line: str) -> _Response:
     return status, [("Content-Type", _TEXT)], (line + "\n").encode()
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with NaN and infinities replaced by None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {key: _finite(value) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(value) for value in obj]
+    return obj
 
 
 _INDEX_HTML = f"""<!DOCTYPE html>
@@ -320,6 +350,7 @@ _INDEX_HTML = f"""<!DOCTYPE html>
 <li><a href="/-/healthy">/-/healthy</a>: liveness of the sampler</li>
 <li><a href="/-/ready">/-/ready</a>: readiness (fresh snapshot, NVML up)</li>
 <li><a href="/api/v1/snapshot">/api/v1/snapshot</a>: the latest snapshot as JSON</li>
+<li><a href="/api/v1/alerts">/api/v1/alerts</a>: the agent's pending and firing alerts as JSON</li>
 </ul>
 </body>
 </html>

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import NamedTuple
@@ -32,7 +34,9 @@ from snapshots import (
     make_snapshot,
 )
 
+from gpuscope.alerts.model import Alert, AlertState, Severity, TransitionState
 from gpuscope.clock_events import CLOCK_EVENT_REASONS
+from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.prometheus import CMDLINE_MAX_CHARS, GpuscopeCollector
 from gpuscope.snapshot import GpuReading, Snapshot
 from gpuscope.version import __version__
@@ -127,8 +131,17 @@ def test_catalogue_is_well_formed() -> None:
             assert {"gpu", "uuid"} <= row.labels, f"{row.name} lacks the gpu/uuid labels"
 
 
+def catalogue_section(text: str, title: str) -> str:
+    """The text of the ``## title`` section of docs/metrics.md (up to the next ``## `` heading)."""
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
+    assert match, f"no '## {title}' section in {CATALOGUE}"
+    return match.group(1)
+
+
 def test_full_snapshot_renders_exactly_the_catalogue() -> None:
-    documented = set(parse_catalogue(CATALOGUE.read_text()))
+    text = CATALOGUE.read_text()
+    # The Alerts table is AlertCollector's, checked by test_alert_collector_renders_exactly_the_catalogue.
+    documented = set(parse_catalogue(text)) - set(parse_catalogue(catalogue_section(text, "Alerts")))
     emitted = set()
     for family in collect(make_full_snapshot(), include_cmdline=True).values():
         label_sets = {frozenset(s.labels) for s in family.samples}
@@ -422,3 +435,114 @@ def test_every_gpu_reading_field_is_covered() -> None:
         "clock_event_reasons", "xid_errors", "processes",
     }
     assert {f.name for f in fields(GpuReading)} - not_plain_readings == {attr for attr, _ in READINGS}
+
+
+# -- alerts (AlertCollector) -------------------------------------------------------------------------
+
+
+class FakeAlertSource:
+    """An AlertSource whose alerts and transition counts the test sets."""
+
+    def __init__(self, alerts: list[Alert] | None = None,
+                 counts: dict[tuple[str, TransitionState], int] | None = None) -> None:
+        self.current = alerts or []
+        self.counts = counts or {}
+
+    def alerts(self) -> list[Alert]:
+        return list(self.current)
+
+    def transition_counts(self) -> Mapping[tuple[str, TransitionState], int]:
+        return dict(self.counts)
+
+
+def make_alert(name: str, gpu: int, state: AlertState = "firing", severity: Severity = "warning",
+               **labels: str) -> Alert:
+    return Alert(name=name, gpu=gpu, uuid=gpu_uuid(gpu), severity=severity, state=state, hostname="node-1",
+                 active_since=1_700_000_000.0, firing_since=None if state == "pending" else 1_700_000_120.0,
+                 values={"mean_utilization": 0.55}, summary=f"{name} on GPU {gpu}", labels=labels)
+
+
+def _alert_source() -> FakeAlertSource:
+    return FakeAlertSource(
+        alerts=[
+            make_alert("GpuLowUtilization", 1),
+            make_alert("GpuXidError", 3, severity="critical"),
+            make_alert("GpuSharedByProcesses", 2, state="pending"),
+        ],
+        counts={
+            ("GpuLowUtilization", "pending"): 2, ("GpuLowUtilization", "firing"): 1,
+            ("GpuLowUtilization", "inactive"): 1, ("GpuXidError", "pending"): 1, ("GpuXidError", "firing"): 1,
+            ("GpuSharedByProcesses", "pending"): 1, ("GpuThrottled", "resolved"): 4,
+        },
+    )
+
+
+def _render_alerts(source: FakeAlertSource) -> str:
+    registry = CollectorRegistry()
+    registry.register(AlertCollector(source))
+    return generate_latest(registry).decode()
+
+
+def test_alert_collector_renders_exactly_the_catalogue() -> None:
+    documented = set(parse_catalogue(catalogue_section(CATALOGUE.read_text(), "Alerts")))
+    assert {row.name for row in documented} == {"gpuscope_alert_firing", "gpuscope_alert_transitions_total"}
+    emitted = set()
+    for family in AlertCollector(_alert_source()).collect():
+        label_sets = {frozenset(s.labels) for s in family.samples}
+        assert len(label_sets) == 1, f"{family.name}: samples with different label names"
+        emitted.add(CatalogueRow(_exposed_name(family), family.type, family.unit, label_sets.pop(),
+                                 family.documentation))
+    assert emitted == documented
+
+
+def test_alert_collector_golden() -> None:
+    text = _render_alerts(_alert_source())
+    path = GOLDEN / "alerts.prom"
+    if os.environ.get("GPUSCOPE_UPDATE_GOLDEN") == "1":
+        path.write_bytes(text.encode())
+    assert path.exists(), f"{path} missing; run with GPUSCOPE_UPDATE_GOLDEN=1 to create it"
+    assert text.encode() == path.read_bytes(), f"exposition differs from {path} (GPUSCOPE_UPDATE_GOLDEN=1)"
+
+
+def test_alert_collector_values_absence_and_freshness() -> None:
+    source = _alert_source()
+    collector = AlertCollector(source)
+    families = {_exposed_name(m): m for m in collector.collect()}
+    firing = [(dict(s.labels), s.value) for s in families["gpuscope_alert_firing"].samples]
+    assert firing == [
+        ({"alertname": "GpuLowUtilization", "gpu": "1", "uuid": gpu_uuid(1), "severity": "warning"}, 1.0),
+        ({"alertname": "GpuXidError", "gpu": "3", "uuid": gpu_uuid(3), "severity": "critical"}, 1.0),
+    ], "pending alerts are not exported"
+    transitions = families["gpuscope_alert_transitions_total"].samples
+    assert {(s.labels["alertname"], s.labels["state"]): s.value for s in transitions} == {
+        key: float(count) for key, count in source.counts.items()}
+    assert all(s.name == "gpuscope_alert_transitions_total" for s in transitions)
+
+    # Two firing alerts of one rule on one GPU that differ only in their extra labels: one series.
+    source.current = [make_alert("GpuUtilizationSkew", 0, laggard="true"),
+                      make_alert("GpuUtilizationSkew", 0)]
+    assert len(next(iter(collector.collect())).samples) == 1
+
+    # Nothing firing, no transitions yet: no families at all (no HELP without samples).
+    source.current, source.counts = [make_alert("GpuLowUtilization", 0, state="pending")], {}
+    assert list(collector.collect()) == []
+    assert _render_alerts(source) == ""
+
+
+def test_alert_collector_describe_does_not_collect() -> None:
+    class Exploding(FakeAlertSource):
+        def alerts(self) -> list[Alert]:
+            raise AssertionError("the source must not be read at registration")
+
+    registry = CollectorRegistry(auto_describe=True)
+    collector = AlertCollector(Exploding())
+    registry.register(collector)
+    assert list(collector.describe()) == []
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not on PATH (apt install prometheus)")
+def test_alert_collector_output_passes_promtool_check_metrics() -> None:
+    body = _render_alerts(_alert_source()).encode()
+    result = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, timeout=30,
+                            check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"", b""), result

@@ -10,7 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
 from snapshots import make_full_snapshot, make_snapshot
 
+from gpuscope.alerts.model import Alert, AlertState, TransitionState
 from gpuscope.exporters.prometheus import GpuscopeCollector
 from gpuscope.http_server import AgentHttpServer, ListenError, parse_listen_address
 from gpuscope.snapshot import Snapshot
@@ -475,3 +476,100 @@ def test_slow_request_does_not_block_others(agent: Agent) -> None:
         started = time.monotonic()
         assert agent.request("/-/healthy")[0] == 200
         assert time.monotonic() - started < 1.0
+
+
+# -- /api/v1/alerts ----------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeAlertSource:
+    """An AlertSource whose alerts the test sets."""
+
+    current: list[Alert]
+
+    def alerts(self) -> list[Alert]:
+        return list(self.current)
+
+    def transition_counts(self) -> Mapping[tuple[str, TransitionState], int]:
+        return {}
+
+
+def make_alert(name: str, gpu: int, state: AlertState, **values: float) -> Alert:
+    return Alert(name=name, gpu=gpu, uuid=f"GPU-{gpu:08d}", severity="warning", state=state,
+                 hostname="node-1", active_since=1_700_000_000.0,
+                 firing_since=1_700_000_120.0 if state == "firing" else None,
+                 values=values, summary=f"{name} on GPU {gpu}", labels={"laggard": "true"})
+
+
+@pytest.fixture
+def alerting_agent(agent: Agent) -> Iterator[tuple[Agent, FakeAlertSource]]:
+    alerts = FakeAlertSource([])
+    server = AgentHttpServer("127.0.0.1:0", registry=CollectorRegistry(), source=agent.source, alerts=alerts)
+    server.start()
+    try:
+        yield Agent(server, agent.source, agent.clock), alerts
+    finally:
+        server.stop()
+
+
+def test_alerts_json_when_alerting_is_disabled(agent: Agent) -> None:
+    status, headers, body = agent.request("/api/v1/alerts")
+    assert status == 200
+    assert headers["content-type"] == "application/json"
+    assert json.loads(body) == {"enabled": False, "alerts": []}
+
+
+def test_alerts_json_lists_pending_and_firing_alerts(alerting_agent: tuple[Agent, FakeAlertSource]) -> None:
+    agent, source = alerting_agent
+    assert json.loads(agent.request("/api/v1/alerts")[2]) == {"enabled": True, "alerts": []}
+    source.current = [make_alert("GpuLowUtilization", 1, "firing", mean_utilization=0.55),
+                      make_alert("GpuSharedByProcesses", 2, "pending", processes=3.0)]
+    status, headers, body = agent.request("/api/v1/alerts")
+    assert status == 200
+    assert headers["content-type"] == "application/json"
+    data = json.loads(body)
+    assert data == {"enabled": True, "alerts": [a.to_json() for a in source.current]}
+    assert data["alerts"][0]["alertname"] == "GpuLowUtilization"
+    assert data["alerts"][0]["values"] == {"mean_utilization": 0.55}
+    assert data["alerts"][1]["state"] == "pending"
+    assert data["alerts"][1]["firing_since"] is None
+
+
+def test_alerts_json_non_finite_values_are_null(alerting_agent: tuple[Agent, FakeAlertSource]) -> None:
+    agent, source = alerting_agent
+    source.current = [make_alert("GpuUtilizationSkew", 0, "firing", spread=float("nan"), peak=float("inf"),
+                                 mean=0.5)]
+    status, _, body = agent.request("/api/v1/alerts")
+    assert status == 200
+    assert b"NaN" not in body and b"Infinity" not in body  # strict JSON parsers reject those
+    assert json.loads(body)["alerts"][0]["values"] == {"spread": None, "peak": None, "mean": 0.5}
+
+
+def test_alerts_json_head_and_methods(alerting_agent: tuple[Agent, FakeAlertSource]) -> None:
+    agent, source = alerting_agent
+    source.current = [make_alert("GpuThrottled", 0, "firing")]
+    status, headers, body = agent.request("/api/v1/alerts", method="HEAD")
+    assert (status, body) == (200, b"")
+    assert int(headers["content-length"]) == len(agent.request("/api/v1/alerts")[2])
+    status, headers, _ = agent.request("/api/v1/alerts", method="POST")
+    assert status == 405
+    assert headers["allow"] == "GET, HEAD"
+    assert agent.request("/api/v1/alerts/x")[0] == 404
+
+
+def test_alerts_json_source_error_is_500_without_details(alerting_agent: tuple[Agent, FakeAlertSource],
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    agent, source = alerting_agent
+
+    def broken() -> list[Alert]:
+        raise RuntimeError("engine exploded")
+
+    source.alerts = broken  # type: ignore[method-assign]
+    status, _, body = agent.request("/api/v1/alerts")
+    assert status == 500
+    assert b"exploded" not in body
+    assert "exploded" in caplog.text
+
+
+def test_index_page_links_the_alerts(agent: Agent) -> None:
+    assert b'href="/api/v1/alerts"' in agent.request("/")[2]

@@ -1,0 +1,174 @@
+"""The alert engine: feeds the history, evaluates every rule each tick, and owns the alert states.
+
+One state machine per (rule, GPU)::
+
+    inactive --condition true--> pending --true for `for`--> firing --false for `clear_for`--> resolved
+                                    |                           ^   |
+                                    +--false--> inactive        +---+ true again: clear timer reset
+
+A rule with ``for: 0`` goes straight from inactive to firing (one transition, ``previous=None``).
+Durations are measured on the snapshots' monotonic clock; wall times (``active_since``, ``at``)
+are the snapshots' timestamps.
+
+GPUs that are down this tick, or missing from the snapshot (NVML itself went away), are not
+evaluated: their alerts keep their state (a firing alert stays firing, a pending one pending) until
+the GPU is read again. Nothing is known about them, and resolving then re-raising every alert of a
+GPU that blinks out would only be noise; the GPU being down is reported on its own (``gpu_up``).
+Rules that read data a down GPU still has (Xid counts) are evaluated on down GPUs too.
+
+``observe`` runs in the sampler thread; ``alerts`` and ``transition_counts`` may be called from
+any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from gpuscope.alerts.history import NodeHistory
+from gpuscope.alerts.model import Alert, AlertState, Condition, Transition, TransitionState
+from gpuscope.alerts.rules import Rule
+from gpuscope.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+TransitionListener = Callable[[Transition], None]
+
+
+@dataclass(slots=True)
+class _State:
+    """One (rule, GPU) alert that is pending or firing."""
+
+    uuid: str
+    state: AlertState
+    since: float  # monotonic: when pending began
+    active_since: float  # wall
+    firing_since: float | None
+    condition: Condition  # the latest evidence
+    false_since: float | None = None  # monotonic: firing, but the condition false since then
+
+
+class AlertEngine:
+    """Implements ``AlertSource``. Feed it with ``observe(snapshot)`` (e.g. as a sampler listener)."""
+
+    def __init__(self, rules: Sequence[Rule], *, hostname: str) -> None:
+        names = [r.name for r in rules]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate rule names: {names}")
+        self.rules = tuple(rules)
+        self.hostname = hostname
+        windows = [r.window_seconds for r in rules if r.window_seconds is not None]
+        self.history = NodeHistory(max(windows, default=0.0))
+        self._states: dict[str, dict[int, _State]] = {r.name: {} for r in rules}
+        self._listeners: list[TransitionListener] = []
+        self._lock = threading.Lock()
+        self._alerts: list[Alert] = []
+        self._counts: dict[tuple[str, TransitionState], int] = {}
+        self._wall = 0.0  # the current snapshot's timestamp: the transitions' time
+        self._failing: set[str] = set()  # rules whose evaluation raised (logged once until it recovers)
+
+    # ------------------------------------------------------------ AlertSource
+
+    def alerts(self) -> list[Alert]:
+        """The alerts pending or firing now (a copy; safe from any thread)."""
+        with self._lock:
+            return list(self._alerts)
+
+    def transition_counts(self) -> Mapping[tuple[str, TransitionState], int]:
+        """(alertname, state) -> transitions into that state since start (a copy)."""
+        with self._lock:
+            return dict(self._counts)
+
+    # ------------------------------------------------------------ feeding
+
+    def add_listener(self, callback: TransitionListener) -> None:
+        """Called in the sampler thread with each transition, in order; a raising one is logged."""
+        self._listeners.append(callback)
+
+    def on_snapshot(self, snapshot: Snapshot) -> None:
+        """``observe`` as a sampler listener (``sampler.add_listener(engine.on_snapshot)``)."""
+        self.observe(snapshot)
+
+    def observe(self, snapshot: Snapshot) -> list[Transition]:
+        """Record the snapshot, evaluate every rule, advance the states; the transitions made."""
+        history = self.history
+        history.observe(snapshot)
+        now = snapshot.monotonic
+        wall = self._wall = snapshot.timestamp
+        transitions: list[Transition] = []
+        for rule in self.rules:
+            states = self._states[rule.name]
+            try:
+                conditions = rule.evaluate(history, frozenset(states))
+            except Exception:
+                if rule.name not in self._failing:
+                    log.exception("alert rule %s failed; its alerts keep their state", rule.name)
+                    self._failing.add(rule.name)
+                continue
+            self._failing.discard(rule.name)
+            evaluated = history.present if rule.include_down else history.up
+            for gpu, condition in conditions.items():
+                if gpu not in evaluated:
+                    continue
+                state = states.get(gpu)
+                if state is None:
+                    firing = rule.for_seconds <= 0
+                    state = states[gpu] = _State(
+                        history.uuid(gpu), "firing" if firing else "pending", now, wall,
+                        wall if firing else None, condition)
+                    transitions.append(self._transition(rule, gpu, state, None, state.state))
+                    continue
+                # Labels are an alert's identity downstream (Alertmanager): keep the first ones.
+                state.condition = (condition if condition.labels == state.condition.labels
+                                   else replace(condition, labels=state.condition.labels))
+                state.false_since = None
+                if state.state == "pending" and now - state.since >= rule.for_seconds - 1e-9:
+                    state.state = "firing"
+                    state.firing_since = wall
+                    transitions.append(self._transition(rule, gpu, state, "pending", "firing"))
+            for gpu in [g for g in states if g not in conditions and g in evaluated]:
+                state = states[gpu]
+                if state.state == "pending":
+                    del states[gpu]
+                    transitions.append(self._transition(rule, gpu, state, "pending", "inactive"))
+                    continue
+                if state.false_since is None:
+                    state.false_since = now
+                if now - state.false_since >= rule.clear_for_seconds - 1e-9:
+                    del states[gpu]
+                    transitions.append(self._transition(rule, gpu, state, "firing", "resolved"))
+        self._publish(transitions)
+        for transition in transitions:
+            for listener in self._listeners:
+                try:
+                    listener(transition)
+                except Exception:
+                    log.exception("alert transition listener %r failed", listener)
+        return transitions
+
+    # ------------------------------------------------------------ internals
+
+    def _transition(self, rule: Rule, gpu: int, state: _State, previous: TransitionState | None,
+                    to: TransitionState) -> Transition:
+        c = state.condition
+        return Transition(
+            name=rule.name, gpu=gpu, uuid=state.uuid, severity=rule.severity, hostname=self.hostname,
+            previous=previous, state=to, at=self._wall, active_since=state.active_since, values=c.values,
+            summary=c.summary, labels=c.labels)
+
+    def _publish(self, transitions: list[Transition]) -> None:
+        alerts = []
+        for rule in self.rules:
+            for gpu, s in sorted(self._states[rule.name].items()):
+                c = s.condition
+                alerts.append(Alert(
+                    name=rule.name, gpu=gpu, uuid=s.uuid, severity=rule.severity, state=s.state,
+                    hostname=self.hostname, active_since=s.active_since, firing_since=s.firing_since,
+                    values=c.values, summary=c.summary, labels=c.labels))
+        with self._lock:
+            self._alerts = alerts
+            for t in transitions:
+                key = (t.name, t.state)
+                self._counts[key] = self._counts.get(key, 0) + 1

@@ -1,0 +1,204 @@
+"""The alert event log: one JSON object per line for every alert transition, rotated by size.
+
+A Transition listener called from the sampler thread, so it never raises: when the file cannot be
+opened or written (read-only mount, full disk, missing permissions) the failure is logged once per
+outage and counted, the lines are kept in a bounded memory buffer, and the file is tried again after
+``retry_seconds``; what the buffer still holds is written first when it works again. The file is
+opened for appending and never truncated, so lines written before an outage stay. Each line is
+flushed (not fsynced: a crash of the agent loses nothing, a crash of the kernel may lose the last
+lines, a trade for not stalling the sampler on a slow disk). A file moved or deleted by someone
+else (an external logrotate) is noticed at the next transition and the path opened again.
+
+Line format (schema ``version`` 1): ``Transition.to_json()`` plus ``"version": 1``; non-finite
+values (NaN, infinity), which JSON cannot represent, are written as null.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from gpuscope.alerts.config import EventLogConfig
+from gpuscope.alerts.model import Transition
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+RETRY_SECONDS = 30.0  # after a failure, the file is not tried again before this (a hung mount stays cheap)
+BUFFER_LINES = 10_000  # lines held in memory while the file cannot be written; older ones are dropped
+
+
+class AlertEventLog:
+    """Appends alert transitions to ``config.path`` as JSON lines; thread-safe; never raises."""
+
+    def __init__(
+        self,
+        config: EventLogConfig,
+        *,
+        retry_seconds: float = RETRY_SECONDS,
+        buffer_lines: int = BUFFER_LINES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not config.path:
+            raise ValueError("the alert event log needs a path (alerting.event_log.path)")
+        self.path = Path(config.path)
+        self._max_bytes = config.max_bytes
+        self._backups = config.backups
+        self._retry_seconds = retry_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._file: IO[bytes] | None = None
+        self._size = 0
+        self._pending: deque[bytes] = deque(maxlen=buffer_lines)
+        self._retry_at = 0.0  # monotonic time before which no write is attempted (after a failure)
+        self._failing = False  # an outage is under way (its first failure was logged)
+        self._closed = False
+        self.lines_written = 0
+        self.errors = 0  # failed attempts to open, write or rotate
+        self.dropped = 0  # lines lost because the buffer was full during an outage
+
+    def __call__(self, transition: Transition) -> None:
+        """Log one transition (the rule engine's listener signature)."""
+        try:
+            line = _encode({"version": SCHEMA_VERSION, **transition.to_json()})
+        except Exception:  # a broken transition must not reach the sampler thread either
+            logger.exception("cannot encode alert transition %r for the event log", transition)
+            return
+        with self._lock:
+            if self._closed:
+                logger.debug("event log closed; transition not written: %s", line)
+                return
+            if len(self._pending) == self._pending.maxlen:
+                self.dropped += 1
+            self._pending.append(line)
+            if self._clock() >= self._retry_at:
+                self._drain()
+
+    def close(self) -> None:
+        """Write what is buffered (one try) and close the file; later transitions are ignored."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._pending:
+                self._drain()
+            if self._pending:
+                logger.warning("event log %s closed with %d transitions not written", self.path,
+                               len(self._pending))
+            self._closed = True
+            self._close_file()
+
+    # -- under the lock ---------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        try:
+            if self._file is not None and not self._still_at_path(self._file):
+                self._close_file()  # moved or deleted by someone else (an external logrotate): reopen
+            while self._pending:
+                line = self._pending[0]
+                if self._file is None:
+                    self._open()
+                if self._size and self._size + len(line) > self._max_bytes:
+                    self._rotate()
+                    self._open()
+                file = self._file
+                assert file is not None
+                file.write(line)
+                file.flush()
+                self._size += len(line)
+                self._pending.popleft()
+                self.lines_written += 1
+        except OSError as err:
+            self._fail(err)
+            return
+        if self._failing:
+            self._failing = False
+            logger.info("alert event log %s is writable again", self.path)
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Summaries name processes and users: readable by the owner's group, not by everyone.
+        file = open(self.path, "ab", opener=lambda path, flags: os.open(path, flags, 0o640))  # noqa: SIM115
+        try:
+            size = file.seek(0, os.SEEK_END)
+            if size and not _ends_with_newline(self.path):
+                # A write cut short (full disk, crash) left half a line: end it, so the next line parses.
+                file.write(b"\n")
+                size += 1
+        except OSError:
+            file.close()
+            raise
+        self._file, self._size = file, size
+
+    def _still_at_path(self, file: IO[bytes]) -> bool:
+        try:
+            at_path = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        opened = os.fstat(file.fileno())
+        return (at_path.st_dev, at_path.st_ino) == (opened.st_dev, opened.st_ino)
+
+    def _rotate(self) -> None:
+        """path -> path.1 -> ... -> path.N; the oldest is removed. With no backups, start afresh."""
+        self._close_file()
+        if self._backups == 0:
+            self.path.unlink(missing_ok=True)
+        else:
+            for index in range(self._backups - 1, 0, -1):
+                older = self.path.with_name(f"{self.path.name}.{index}")
+                if older.exists():
+                    os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
+            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        self._size = 0
+
+    def _fail(self, err: OSError) -> None:
+        self.errors += 1
+        self._close_file()
+        self._retry_at = self._clock() + self._retry_seconds
+        if not self._failing:
+            self._failing = True
+            logger.warning(
+                "cannot write the alert event log %s: %s; keeping up to %d transitions in memory and "
+                "retrying every %g s", self.path, err, self._pending.maxlen, self._retry_seconds)
+        else:
+            logger.debug("alert event log %s still not writable: %s", self.path, err)
+
+    def _close_file(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError as err:  # flushing failed: the line was counted as written already
+                logger.debug("closing %s: %s", self.path, err)
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as file:
+        file.seek(-1, os.SEEK_END)
+        return file.read(1) == b"\n"
+
+
+def _encode(obj: dict[str, Any]) -> bytes:
+    try:
+        text = json.dumps(obj, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        text = json.dumps(_finite(obj), allow_nan=False, separators=(",", ":"))
+    return (text + "\n").encode()
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with NaN and infinities replaced by None (JSON has no literal for them)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {key: _finite(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(value) for value in obj]
+    return obj

@@ -1,0 +1,282 @@
+"""Per-GPU history for the alert rules: a bounded ring of compact points, one per sampler tick.
+
+``NodeHistory.observe(snapshot)`` runs in the sampler thread, so it keeps only what the rules read
+(a NamedTuple per GPU per tick). Each point also carries running sums (busy ticks and their
+utilization, SM activity, idle dips, readable clock-event reasons), so a window's mean or count
+is the difference of two points: O(1), whatever the window's length. Rules ask for a ``Window``
+(the points of the last N seconds of monotonic time); windows are cached for the tick, so rules
+that judge the same window share it.
+
+Each point stands for the interval that ends at it (its utilization is the mean of the driver
+samples since the previous tick), so the history *covers* ``now - oldest + interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections import deque
+from collections.abc import Iterator, Mapping
+from typing import NamedTuple
+
+from gpuscope.snapshot import GpuReading, Snapshot
+
+# Below this fraction of a window covered by history (the agent's first seconds, a GPU just seen),
+# rules do not judge the window: a few seconds of data are no evidence of a trend.
+MIN_COVERAGE = 0.8
+_MARGIN_POINTS = 5  # points kept beyond the longest window (a baseline before it, clock jitter)
+_NO_XIDS: Mapping[int, int] = {}
+
+
+class Point(NamedTuple):
+    """One GPU at one tick: what the rules read, plus running sums that make window means O(1).
+
+    The ``n_*``/``sum_*`` fields are cumulative over this GPU's history up to and including this
+    point: a window's total is the difference between its last point and the point before it.
+    """
+
+    t: float  # Snapshot.monotonic
+    up: bool
+    utilization: float | None
+    sm_active: float | None  # GPM; None where unsupported (pre-Hopper, MIG) or not yet available
+    clock_event_reasons: frozenset[str] | None
+    compute_processes: tuple[str | None, ...]  # names (None: not visible from the host)
+    xid_errors: Mapping[int, int]  # code -> events since the agent started (cumulative)
+    idle_dips_total: int | None  # the sampler's cumulative counter, as read
+    n_busy: int  # points with utilization and at least one compute process
+    sum_busy: float  # ... the sum of their utilization
+    n_sm: int  # points with both utilization and SM activity
+    sum_sm_util: float  # ... the sum of their utilization
+    sum_sm: float  # ... the sum of their SM activity
+    n_dips: int  # points with an idle-dip counter reading
+    dips: int  # idle dips counted (the counter's increments; a counter that went down restarts)
+    n_reasons: int  # points with clock event reasons
+
+
+_ZERO = Point(0.0, False, None, None, None, (), _NO_XIDS, None, 0, 0.0, 0, 0.0, 0.0, 0, 0, 0)
+
+
+def point_of(reading: GpuReading, t: float, prev: Point | None, last_dips: int | None) -> Point:
+    """The reading as a Point, its running sums continued from ``prev`` (None: the first point);
+    ``last_dips``: the latest idle-dip counter reading before this one."""
+    p = prev or _ZERO
+    util = reading.utilization_ratio
+    names = tuple([q.name for q in reading.processes if q.kind == "compute"])
+    n_busy, sum_busy = p.n_busy, p.sum_busy
+    if names and util is not None:
+        n_busy += 1
+        sum_busy += util
+    sm = reading.sm_active_ratio
+    n_sm, sum_sm_util, sum_sm = p.n_sm, p.sum_sm_util, p.sum_sm
+    if sm is not None and util is not None:
+        n_sm += 1
+        sum_sm_util += util
+        sum_sm += sm
+    dips_total = reading.idle_dips_total
+    n_dips, dips = p.n_dips, p.dips
+    if dips_total is not None:
+        n_dips += 1
+        if last_dips is not None:
+            dips += dips_total - last_dips if dips_total >= last_dips else dips_total
+    reasons = reading.clock_event_reasons
+    return Point(t, reading.up, util, sm, reasons, names, reading.xid_errors or _NO_XIDS, dips_total,
+                 n_busy, sum_busy, n_sm, sum_sm_util, sum_sm, n_dips, dips,
+                 p.n_reasons + (reasons is not None))
+
+
+class Window:
+    """The points of one GPU within ``(now - seconds, now]``, and their totals.
+
+    ``baseline`` is the last point before the window (None when the history does not reach that
+    far): counters (idle dips, Xids) are differenced against it, so a window of one interval still
+    sees the events of that interval.
+    """
+
+    __slots__ = ("_base", "_deque", "_gpu", "_start", "baseline", "last", "n", "seconds")
+
+    def __init__(self, gpu: _GpuHistory, start: int, seconds: float) -> None:
+        points = gpu.points
+        self._gpu = gpu
+        self._deque = points
+        self._start = start
+        self.seconds = seconds
+        self.n = len(points) - start
+        self.last = points[-1]
+        self.baseline = points[start - 1] if start > 0 else None
+        # The running sums just before the window. Without a point before it, the window starts
+        # at the oldest point kept: its sums less its own share.
+        self._base = self.baseline if self.baseline is not None else _before(points[start])
+
+    @property
+    def points(self) -> Iterator[Point]:
+        return itertools.islice(self._deque, self._start, None)
+
+    def busy_utilization(self) -> tuple[float, float | None]:
+        """(fraction of the window's points at which the GPU reported utilization and ran at least
+        one compute process; mean utilization over those points, None if none)."""
+        n = self.last.n_busy - self._base.n_busy
+        return n / self.n, (self.last.sum_busy - self._base.sum_busy) / n if n else None
+
+    def sm_activity(self) -> tuple[float, float | None, float | None]:
+        """(fraction of points with both utilization and GPM SM activity; mean utilization and mean
+        SM activity over those points, None if none)."""
+        last, base = self.last, self._base
+        n = last.n_sm - base.n_sm
+        if not n:
+            return 0.0, None, None
+        return n / self.n, (last.sum_sm_util - base.sum_sm_util) / n, (last.sum_sm - base.sum_sm) / n
+
+    def idle_dips(self) -> tuple[int, float] | None:
+        """(dips counted in the window, seconds they were counted over), or None without counter
+        readings to count between (unsupported: MIG, no driver samples). Counted from the point
+        before the window, or at start-up from the window's first point."""
+        ref = self.baseline if self.baseline is not None else self._deque[self._start]
+        last = self.last
+        if last.n_dips == ref.n_dips or last.t <= ref.t:
+            return None
+        return last.dips - ref.dips, last.t - ref.t
+
+    def clock_events(self, reasons: frozenset[str]) -> tuple[int, int]:
+        """(points with clock event reasons, points where any of ``reasons`` was active)."""
+        counts = self._gpu.reason_counts(reasons)
+        start = self._start
+        if start > 0:
+            matched = counts[-1] - counts[start - 1]
+        else:
+            first = self._deque[0].clock_event_reasons
+            matched = counts[-1] - counts[0] + (first is not None and not reasons.isdisjoint(first))
+        return self.last.n_reasons - self._base.n_reasons, matched
+
+    def new_xids(self) -> dict[int, int]:
+        """Xid code -> events within the window (a count that went down restarted from 0)."""
+        last = self.last.xid_errors
+        if not last:
+            return {}
+        base = self.baseline.xid_errors if self.baseline is not None else _NO_XIDS
+        out = {}
+        for code, count in last.items():
+            before = base.get(code, 0)
+            new = count - before if count >= before else count
+            if new > 0:
+                out[code] = new
+        return out
+
+
+def _before(p: Point) -> Point:
+    """The running sums of the point before ``p`` (p's sums less p's own share)."""
+    busy = bool(p.compute_processes) and p.utilization is not None
+    sm = p.sm_active is not None and p.utilization is not None
+    return p._replace(
+        n_busy=p.n_busy - busy, sum_busy=p.sum_busy - (p.utilization or 0.0) * busy,
+        n_sm=p.n_sm - sm, sum_sm_util=p.sum_sm_util - (p.utilization or 0.0) * sm,
+        sum_sm=p.sum_sm - (p.sm_active or 0.0) * sm,
+        n_reasons=p.n_reasons - (p.clock_event_reasons is not None))
+
+
+class _GpuHistory:
+    """One GPU's points, and per set of clock event reasons a rule asked about, the running count
+    of points at which one of them was active (a deque aligned with the points)."""
+
+    __slots__ = ("_matches", "last_dips", "points", "uuid")
+
+    def __init__(self, uuid: str, maxlen: int) -> None:
+        self.uuid = uuid
+        self.points: deque[Point] = deque(maxlen=maxlen)
+        self.last_dips: int | None = None  # the latest idle-dip counter reading
+        self._matches: dict[frozenset[str], deque[int]] = {}
+
+    def append(self, point: Point) -> None:
+        self.points.append(point)
+        if point.idle_dips_total is not None:
+            self.last_dips = point.idle_dips_total
+        if self._matches:
+            active = point.clock_event_reasons
+            for reasons, counts in self._matches.items():
+                counts.append(counts[-1] + (active is not None and not reasons.isdisjoint(active)))
+
+    def reason_counts(self, reasons: frozenset[str]) -> deque[int]:
+        counts = self._matches.get(reasons)
+        if counts is None:  # first asked: count over the points kept, then keep up on each append
+            counts = self._matches[reasons] = deque(maxlen=self.points.maxlen)
+            total = 0
+            for p in self.points:
+                active = p.clock_event_reasons
+                total += active is not None and not reasons.isdisjoint(active)
+                counts.append(total)
+        return counts
+
+
+class NodeHistory:
+    """The recent past of every GPU of the node, fed one Snapshot per tick (sampler thread)."""
+
+    def __init__(self, longest_window_seconds: float) -> None:
+        self.longest_window_seconds = longest_window_seconds
+        self.now = 0.0  # monotonic time of the latest snapshot
+        self.interval = 1.0  # the sampler's interval (from the snapshots)
+        self.present: frozenset[int] = frozenset()  # GPUs in the latest snapshot
+        self.up: frozenset[int] = frozenset()  # ... of which readable
+        self._gpus: dict[int, _GpuHistory] = {}
+        self._windows: dict[tuple[int, float, float], Window | None] = {}
+
+    def maxlen(self, interval: float) -> int:
+        """Points kept per GPU: the longest window at this interval, plus a small margin."""
+        return math.ceil(self.longest_window_seconds / interval * 1.1) + _MARGIN_POINTS
+
+    def observe(self, snapshot: Snapshot) -> None:
+        t = snapshot.monotonic
+        self.now = t
+        self.interval = snapshot.interval_seconds
+        self._windows.clear()
+        gpus = self._gpus
+        up = []
+        for reading in snapshot.gpus:
+            history = gpus.get(reading.index)
+            if history is None or history.uuid != reading.uuid:  # new, or another GPU at this index
+                history = gpus[reading.index] = _GpuHistory(reading.uuid, self.maxlen(self.interval))
+            points = history.points
+            history.append(point_of(reading, t, points[-1] if points else None, history.last_dips))
+            if reading.up:
+                up.append(reading.index)
+        self.present = frozenset(r.index for r in snapshot.gpus)
+        self.up = frozenset(up)
+
+    def uuid(self, gpu: int) -> str:
+        history = self._gpus.get(gpu)
+        return history.uuid if history is not None else ""
+
+    def latest(self, gpu: int) -> Point | None:
+        history = self._gpus.get(gpu)
+        return history.points[-1] if history is not None and history.points else None
+
+    def window(self, gpu: int, seconds: float, min_coverage: float = MIN_COVERAGE) -> Window | None:
+        """The GPU's points of the last ``seconds``; None when the history covers less than
+        ``min_coverage`` of that (start-up, a GPU just seen) or the GPU has no point now."""
+        key = (gpu, seconds, min_coverage)
+        try:
+            return self._windows[key]
+        except KeyError:
+            window = self._windows[key] = self._window(gpu, seconds, min_coverage)
+            return window
+
+    def _window(self, gpu: int, seconds: float, min_coverage: float) -> Window | None:
+        history = self._gpus.get(gpu)
+        if history is None or not history.points:
+            return None
+        points = history.points
+        if points[-1].t != self.now:
+            return None  # not in the latest snapshot
+        if self.now - points[0].t + self.interval < min_coverage * seconds - 1e-9:
+            return None
+        cutoff = self.now - seconds + 1e-9
+        # Most windows start a fixed number of ticks back: guess, then bisect only when wrong.
+        n = len(points)
+        start = n - round(seconds / self.interval)
+        if not (0 < start < n and points[start].t > cutoff >= points[start - 1].t):
+            start = bisect.bisect_right(points, cutoff, key=_time)
+        start = min(start, n - 1)  # a window shorter than a tick still holds the last point
+        return Window(history, start, seconds)
+
+
+def _time(point: Point) -> float:
+    return point.t

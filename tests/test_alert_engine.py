@@ -1,0 +1,239 @@
+"""The alert engine's state machine on synthetic snapshots: for, clear_for, hysteresis, transitions."""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pytest
+from snapshots import gpu_uuid, make_gpu, make_process, make_snapshot
+
+from gpuscope.alerts.engine import AlertEngine
+from gpuscope.alerts.history import NodeHistory
+from gpuscope.alerts.model import AlertSource, Condition, Transition
+from gpuscope.alerts.rules import LowUtilization, Rule
+from gpuscope.snapshot import Snapshot
+
+WALL0 = 1_700_000_000.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Below(Rule):
+    """Holds on GPUs whose latest utilization is below the threshold (+ hysteresis once active)."""
+
+    name: ClassVar[str] = "TestBelow"
+    threshold: float = 0.5
+    hysteresis: float = 0.0
+
+    def evaluate(self, history: NodeHistory, active: frozenset[int]) -> dict[int, Condition]:
+        out = {}
+        for gpu in history.up:
+            point = history.latest(gpu)
+            assert point is not None and point.utilization is not None
+            limit = self.threshold + (self.hysteresis if gpu in active else 0.0)
+            if point.utilization < limit:
+                u = point.utilization
+                out[gpu] = Condition(gpu, {"utilization": u}, f"GPU {gpu} at {u}", {"kind": f"low-{u}"})
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Broken(Rule):
+    name: ClassVar[str] = "TestBroken"
+
+    def evaluate(self, history: NodeHistory, active: frozenset[int]) -> dict[int, Condition]:
+        raise RuntimeError("a bug in a rule")
+
+
+def snap(t: float, *utils: float | None) -> Snapshot:
+    """GPUs 0.. with these utilizations; None: the GPU is down; t: monotonic seconds."""
+    gpus = [make_gpu(i, utilization_ratio=u, processes=(make_process(100 + i),)) if u is not None
+            else make_gpu(i, up=False, utilization_ratio=None, processes=()) for i, u in enumerate(utils)]
+    return make_snapshot(gpus=gpus, monotonic=t, timestamp=WALL0 + t)
+
+
+def drive(engine: AlertEngine, timeline: Sequence[tuple[float | None, ...]], start: float = 0.0,
+          ) -> list[Transition]:
+    """One snapshot a second from ``start``; each entry holds the GPUs' utilizations."""
+    out = []
+    for i, utils in enumerate(timeline):
+        out += engine.observe(snap(start + i, *utils))
+    return out
+
+
+def brief(transitions: list[Transition]) -> list[tuple[float, int, str | None, str]]:
+    return [(t.at - WALL0, t.gpu, t.previous, t.state) for t in transitions]
+
+
+def test_pending_then_firing_after_for_then_resolved_after_clear_for() -> None:
+    engine = AlertEngine([Below(for_seconds=5.0, clear_for_seconds=3.0)], hostname="node-a")
+    timeline = [(0.9, 0.9)] * 10 + [(0.9, 0.2)] * 10 + [(0.9, 0.9)] * 5
+    transitions = drive(engine, timeline)
+    assert brief(transitions) == [
+        (10, 1, None, "pending"),  # the condition holds from 10 s
+        (15, 1, "pending", "firing"),  # ... for 5 s
+        (23, 1, "firing", "resolved"),  # false from 20 s, for 3 s
+    ]
+    first = transitions[0]
+    assert first.name == "TestBelow" and first.uuid == gpu_uuid(1) and first.hostname == "node-a"
+    assert first.severity == "warning" and first.values == {"utilization": 0.2}
+    assert all(t.active_since == WALL0 + 10 for t in transitions)
+    assert engine.alerts() == []
+    assert engine.transition_counts() == {("TestBelow", "pending"): 1, ("TestBelow", "firing"): 1,
+                                          ("TestBelow", "resolved"): 1}
+
+
+def test_alerts_reports_pending_and_firing_with_their_times() -> None:
+    engine = AlertEngine([Below(for_seconds=5.0, clear_for_seconds=3.0)], hostname="node-a")
+    source: AlertSource = engine  # what the outputs consume
+    assert source.alerts() == [] and source.transition_counts() == {}
+    drive(engine, [(0.2, 0.9)] * 3)
+    (alert,) = engine.alerts()
+    assert (alert.name, alert.gpu, alert.state, alert.active_since, alert.firing_since) == (
+        "TestBelow", 0, "pending", WALL0, None)
+    drive(engine, [(0.3, 0.9)] * 5, start=3)
+    (alert,) = engine.alerts()
+    assert (alert.state, alert.active_since, alert.firing_since) == ("firing", WALL0, WALL0 + 5)
+    assert alert.values == {"utilization": 0.3}  # the latest evidence
+    assert alert.hostname == "node-a" and alert.uuid == gpu_uuid(0)
+    assert alert.to_json()["alertname"] == "TestBelow"
+    # Firing, condition false for less than clear_for: still listed as firing, last evidence kept.
+    drive(engine, [(0.9, 0.9)] * 2, start=8)
+    (alert,) = engine.alerts()
+    assert alert.state == "firing" and alert.values == {"utilization": 0.3}
+
+
+def test_a_pending_alert_whose_condition_goes_false_returns_to_inactive() -> None:
+    engine = AlertEngine([Below(for_seconds=5.0)], hostname="n")
+    transitions = drive(engine, [(0.2,)] * 3 + [(0.9,)] * 3 + [(0.2,)] * 2)
+    assert brief(transitions) == [(0, 0, None, "pending"), (3, 0, "pending", "inactive"),
+                                  (6, 0, None, "pending")]  # a new episode starts from scratch
+    (alert,) = engine.alerts()
+    assert alert.active_since == WALL0 + 6
+
+
+def test_a_true_condition_resets_the_clear_timer() -> None:
+    engine = AlertEngine([Below(for_seconds=0.0, clear_for_seconds=3.0)], hostname="n")
+    timeline = [(0.2,)] + [(0.9,)] * 2 + [(0.2,)] + [(0.9,)] * 2 + [(0.2,)] + [(0.9,)] * 4
+    # False from 1 s (true again at 3 s), from 4 s (true again at 6 s), from 7 s: resolved at 10 s.
+    assert brief(drive(engine, timeline)) == [(0, 0, None, "firing"), (10, 0, "firing", "resolved")]
+
+
+def test_for_zero_fires_at_once_and_clear_for_zero_resolves_at_once() -> None:
+    engine = AlertEngine([Below()], hostname="n")
+    assert brief(drive(engine, [(0.2,), (0.9,)])) == [(0, 0, None, "firing"), (1, 0, "firing", "resolved")]
+
+
+def test_hysteresis_keeps_a_hovering_value_from_flapping() -> None:
+    hovering = [(0.49,), (0.51,), (0.5,), (0.52,), (0.48,), (0.53,)] * 10  # around the 0.5 threshold
+    flappy = AlertEngine([Below(threshold=0.5, for_seconds=2.0, clear_for_seconds=0.0)], hostname="n")
+    assert len(drive(flappy, hovering)) > 20  # without hysteresis: pending/inactive every other tick
+    steady = AlertEngine([Below(threshold=0.5, hysteresis=0.05, for_seconds=2.0, clear_for_seconds=0.0)],
+                         hostname="n")
+    transitions = drive(steady, hovering)
+    assert brief(transitions) == [(0, 0, None, "pending"), (2, 0, "pending", "firing")]
+    transitions = drive(steady, [(0.56,)], start=len(hovering))  # above threshold + hysteresis
+    assert brief(transitions) == [(60, 0, "firing", "resolved")]
+
+
+def test_low_utilization_hovering_at_its_threshold_fires_once() -> None:
+    # Utilization wandering around 0.80: the 10 s mean crosses the threshold again and again but
+    # never reaches 0.85.
+    timeline = [(0.80 + 0.04 * math.sin(i * 0.7) + 0.025 * math.sin(i * 0.13),) for i in range(300)]
+    means = [statistics.fmean(u for (u,) in timeline[i - 9:i + 1]) for i in range(9, 300)]
+    assert min(means) < 0.78 and 0.82 < max(means) < 0.85
+
+    def run(hysteresis: float) -> list[str]:
+        rule = LowUtilization(window_seconds=10.0, for_seconds=5.0, clear_for_seconds=0.0,
+                              hysteresis=hysteresis)
+        return [t.state for t in drive(AlertEngine([rule], hostname="n"), timeline)]
+
+    assert len(run(0.0)) > 10  # without hysteresis it flaps
+    assert run(0.05) == ["pending", "firing"]
+
+
+def test_transition_counts_accumulate_per_rule_and_state() -> None:
+    engine = AlertEngine([Below(for_seconds=1.0)], hostname="n")
+    drive(engine, [(0.2, 0.2), (0.9, 0.2), (0.2, 0.2), (0.2, 0.9)])
+    # GPU 0: pending, inactive, pending, firing. GPU 1: pending, firing, resolved.
+    assert engine.transition_counts() == {("TestBelow", "pending"): 3, ("TestBelow", "inactive"): 1,
+                                          ("TestBelow", "firing"): 2, ("TestBelow", "resolved"): 1}
+
+
+def test_listeners_get_every_transition_and_a_raising_one_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    engine = AlertEngine([Below(for_seconds=1.0)], hostname="n")
+    seen: list[str] = []
+
+    def bad(t: Transition) -> None:
+        raise ValueError("listener bug")
+
+    engine.add_listener(bad)
+    engine.add_listener(lambda t: seen.append(f"{t.previous}->{t.state}"))
+    with caplog.at_level(logging.ERROR, logger="gpuscope.alerts.engine"):
+        transitions = drive(engine, [(0.2,), (0.2,)])
+    assert seen == ["None->pending", "pending->firing"] and len(transitions) == 2
+    assert sum("listener" in r.getMessage() for r in caplog.records) == 2
+    assert engine.alerts()[0].state == "firing"  # the state advanced regardless
+
+
+def test_a_raising_rule_is_logged_once_and_the_others_still_run(caplog: pytest.LogCaptureFixture) -> None:
+    engine = AlertEngine([Broken(), Below()], hostname="n")
+    with caplog.at_level(logging.ERROR, logger="gpuscope.alerts.engine"):
+        transitions = drive(engine, [(0.2,)] * 5)
+    assert brief(transitions) == [(0, 0, None, "firing")]
+    assert sum("TestBroken failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_gpu_that_is_down_or_missing_keeps_its_alert_state() -> None:
+    engine = AlertEngine([Below(for_seconds=2.0, clear_for_seconds=2.0)], hostname="n")
+    assert [t.state for t in drive(engine, [(0.2, 0.9)] * 3)] == ["pending", "firing"]
+    assert drive(engine, [(None, 0.9)] * 5, start=3) == []  # down: not judged, still firing
+    assert [(a.gpu, a.state) for a in engine.alerts()] == [(0, "firing")]
+    engine.observe(make_snapshot(gpus=[], nvml_up=False, monotonic=8, timestamp=WALL0 + 8))  # NVML gone
+    assert [(a.gpu, a.state) for a in engine.alerts()] == [(0, "firing")]
+    assert brief(drive(engine, [(0.9, 0.9)] * 3, start=9)) == [(11, 0, "firing", "resolved")]
+
+
+def test_labels_stay_those_of_the_first_condition() -> None:
+    engine = AlertEngine([Below(for_seconds=1.0)], hostname="n")
+    transitions = drive(engine, [(0.2,), (0.3,)])
+    assert [t.labels for t in transitions] == [{"kind": "low-0.2"}, {"kind": "low-0.2"}]
+    (alert,) = engine.alerts()
+    assert alert.labels == {"kind": "low-0.2"} and alert.values == {"utilization": 0.3}
+
+
+def test_alerts_and_counts_are_copies_safe_to_read_from_another_thread() -> None:
+    engine = AlertEngine([Below(for_seconds=1.0, clear_for_seconds=1.0)], hostname="n")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                alerts, counts = engine.alerts(), engine.transition_counts()
+                assert all(a.state in ("pending", "firing") for a in alerts) and all(counts.values())
+            except BaseException as err:  # pragma: no cover - reported below
+                errors.append(err)
+                return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        drive(engine, [(0.2 if (i // 3) % 2 else 0.9,) * 8 for i in range(600)])
+    finally:
+        stop.set()
+        reader.join()
+    assert not errors
+    listed: list[Any] = engine.alerts()
+    listed.append(None)  # the caller's copy, not the engine's list
+    assert len(engine.alerts()) == len(listed) - 1
+
+
+def test_duplicate_rule_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="duplicate"):
+        AlertEngine([Below(), Below()], hostname="n")

@@ -1,0 +1,426 @@
+"""AlertmanagerNotifier against a real Alertmanager (Debian's prometheus-alertmanager) on loopback.
+
+Alertmanager runs with a single route to a receiver that notifies nobody, clustering off, storage in
+the test's temporary directory. The tests read back what it holds through its own API
+(``GET /api/v2/alerts``). A few tests that need an HTTP peer misbehaving on purpose (refusing, never
+answering) use a bare socket or a tiny local server instead.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_process import free_port, http_get
+
+from gpuscope.alerts.alertmanager import (
+    ENDS_AT_RESEND_INTERVALS,
+    AlertmanagerNotifier,
+    alertmanager_endpoint,
+    instance_label,
+)
+from gpuscope.alerts.config import AlertmanagerConfig
+from gpuscope.alerts.model import Alert, Transition, TransitionState
+
+pytestmark = pytest.mark.e2e
+
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+HOSTNAME = "node-7"
+INSTANCE = "node-7:9847"
+CONFIG = """\
+route:
+  receiver: "null"
+  group_wait: 1h
+receivers:
+  - name: "null"
+"""
+
+
+def require_alertmanager() -> str:
+    if ALERTMANAGER is None:
+        if os.environ.get("CI"):
+            pytest.fail("prometheus-alertmanager is not installed; scripts/test.sh installs it")
+        pytest.skip("prometheus-alertmanager is not installed (scripts/test.sh installs it)")
+    return ALERTMANAGER
+
+
+@contextmanager
+def run_alertmanager(directory: Path, port: int) -> Iterator[str]:
+    """An Alertmanager on 127.0.0.1:port until the block ends; yields its base URL."""
+    binary = require_alertmanager()
+    directory.mkdir(parents=True, exist_ok=True)
+    config = directory / "alertmanager.yml"
+    config.write_text(CONFIG)
+    log_path = directory / "alertmanager.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.path={directory / 'data'}",
+             "--cluster.listen-address=", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=log, stderr=log,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if http_get(base + "/-/ready", timeout=1.0)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"alertmanager did not start:\n{log_path.read_text()}")
+            time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with run_alertmanager(tmp_path_factory.mktemp("alertmanager"), free_port()) as base:
+        yield base
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+class FakeAlertSource:
+    def __init__(self) -> None:
+        self.current: list[Alert] = []
+
+    def alerts(self) -> list[Alert]:
+        return list(self.current)
+
+    def transition_counts(self) -> Mapping[tuple[str, TransitionState], int]:
+        return {}
+
+
+def make_transition(name: str, state: TransitionState, *, gpu: int = 1, at: float | None = None,
+                    labels: Mapping[str, str] | None = None) -> Transition:
+    now = time.time() if at is None else at
+    return Transition(
+        name=name, gpu=gpu, uuid=f"GPU-{gpu:08d}-test", severity="warning", hostname=HOSTNAME,
+        previous={"pending": None, "firing": "pending", "resolved": "firing", "inactive": "pending"}[state],
+        state=state, at=now, active_since=now - 120, values={"mean_utilization": 0.55, "processes": 1.0},
+        summary=f"GPU {gpu} mean utilization 55% < 80% over 2m", labels=labels or {},
+    )
+
+
+def make_alert(name: str, *, gpu: int = 1) -> Alert:
+    now = time.time()
+    return Alert(name=name, gpu=gpu, uuid=f"GPU-{gpu:08d}-test", severity="critical", state="firing",
+                 hostname=HOSTNAME, active_since=now - 60, firing_since=now - 30, values={"xid": 79.0},
+                 summary=f"GPU {gpu} fell off the bus (Xid 79)")
+
+
+@contextmanager
+def notifier_for(url: str, source: FakeAlertSource | None = None, **options: Any,
+                 ) -> Iterator[AlertmanagerNotifier]:
+    resend = options.pop("resend_interval", 60.0)
+    config = AlertmanagerConfig(url=url, resend_interval=resend, timeout=options.pop("timeout", 2.0))
+    notifier = AlertmanagerNotifier(config, source or FakeAlertSource(), hostname=HOSTNAME, instance=INSTANCE,
+                                    **options)
+    notifier.start()
+    try:
+        yield notifier
+    finally:
+        notifier.stop()
+
+
+def active_alerts(base: str, alertname: str) -> list[dict[str, Any]]:
+    query = urllib.parse.urlencode({"active": "true", "filter": f'alertname="{alertname}"'})
+    status, body = http_get(f"{base}/api/v2/alerts?{query}")
+    assert status == 200, body
+    alerts: list[dict[str, Any]] = json.loads(body)
+    return alerts
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def parse_time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+# -- against a real Alertmanager ---------------------------------------------------------------------
+
+
+def test_firing_transition_is_listed_with_its_labels(alertmanager: str) -> None:
+    with notifier_for(alertmanager) as notifier:
+        firing = make_transition("GpuLowUtilization", "firing", labels={"job_id": "train-42"})
+        notifier(firing)
+        (alert,) = wait_until(lambda: active_alerts(alertmanager, "GpuLowUtilization"), "the alert")
+    assert alert["labels"] == {
+        "alertname": "GpuLowUtilization", "gpu": "1", "uuid": "GPU-00000001-test", "severity": "warning",
+        "instance": INSTANCE, "hostname": HOSTNAME, "job_id": "train-42",
+    }
+    assert alert["annotations"] == {"summary": firing.summary,
+                                    "description": "mean_utilization=0.55, processes=1"}
+    assert alert["status"]["state"] == "active"
+    assert abs(parse_time(alert["startsAt"]) - firing.active_since) < 0.01
+    ends_in = parse_time(alert["endsAt"]) - time.time()
+    assert 60 * ENDS_AT_RESEND_INTERVALS - 15 < ends_in <= 60 * ENDS_AT_RESEND_INTERVALS
+    assert alert["generatorURL"] == f"http://{INSTANCE}/api/v1/alerts"
+    # (Alertmanager lists the alert a moment before the worker has read its answer.)
+    wait_until(lambda: notifier.pushes == 1 and notifier.queued == 0, "the push to complete")
+    assert notifier.errors == 0
+
+
+def test_resolved_transition_ends_the_alert(alertmanager: str) -> None:
+    with notifier_for(alertmanager) as notifier:
+        notifier(make_transition("GpuSharedByProcesses", "firing", gpu=2))
+        wait_until(lambda: active_alerts(alertmanager, "GpuSharedByProcesses"), "the firing alert")
+        notifier(make_transition("GpuSharedByProcesses", "resolved", gpu=2))
+        wait_until(lambda: not active_alerts(alertmanager, "GpuSharedByProcesses"), "the alert to resolve")
+        wait_until(lambda: notifier.pushes == 2, "the push to complete")
+
+
+def test_pending_and_inactive_transitions_are_not_pushed(alertmanager: str) -> None:
+    with notifier_for(alertmanager) as notifier:
+        notifier(make_transition("GpuBusyButStalled", "pending", gpu=3))
+        notifier(make_transition("GpuBusyButStalled", "inactive", gpu=3))
+        notifier(make_transition("GpuUtilizationSkew", "firing", gpu=3))  # a marker that comes after
+        wait_until(lambda: active_alerts(alertmanager, "GpuUtilizationSkew"), "the marker alert")
+        assert active_alerts(alertmanager, "GpuBusyButStalled") == []
+        wait_until(lambda: notifier.pushes == 1, "the push to complete")
+        time.sleep(0.1)
+        assert notifier.pushes == 1
+
+
+def test_resend_keeps_firing_alerts_alive(alertmanager: str) -> None:
+    source = FakeAlertSource()
+    source.current = [make_alert("GpuXidError", gpu=4)]
+    resend = 0.25  # endsAt = now + 1 s: without re-sends Alertmanager would resolve it within 1 s
+    with notifier_for(alertmanager, source, resend_interval=resend) as notifier:
+        # No transition at all: the periodic re-send alone delivers what the source says is firing.
+        (first,) = wait_until(lambda: active_alerts(alertmanager, "GpuXidError"), "the re-sent alert")
+        assert first["labels"]["severity"] == "critical"
+        assert abs(parse_time(first["startsAt"]) - source.current[0].active_since) < 0.01
+        time.sleep(1.6)
+        (later,) = active_alerts(alertmanager, "GpuXidError")
+        assert parse_time(later["endsAt"]) > parse_time(first["endsAt"]) + 0.75
+        assert parse_time(later["startsAt"]) == parse_time(first["startsAt"])
+        assert notifier.pushes >= 4
+        # The agent stops re-sending (it died, or the alert vanished with its GPU): Alertmanager
+        # resolves the alert by itself once endsAt passes.
+        source.current = []
+        wait_until(lambda: not active_alerts(alertmanager, "GpuXidError"), "the alert to time out", 5.0)
+
+
+def test_invalid_extra_labels_are_left_out_not_refused(alertmanager: str,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="gpuscope.alerts.alertmanager"), notifier_for(
+            alertmanager) as notifier:
+        labels = {"bad-name": "x", "__reserved": "y", "alertname": "Spoofed", "empty": "", "ok": "1"}
+        notifier(make_transition("GpuThrottled", "firing", gpu=5, labels=labels))
+        (alert,) = wait_until(lambda: active_alerts(alertmanager, "GpuThrottled"), "the alert")
+    assert alert["labels"]["ok"] == "1"
+    assert alert["labels"]["alertname"] == "GpuThrottled"
+    assert not {"bad-name", "__reserved", "empty"} & set(alert["labels"])
+    assert "bad-name" in caplog.text
+    assert notifier.errors == 0 and notifier.dropped == 0
+
+
+def test_alertmanager_down_then_up(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    require_alertmanager()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with caplog.at_level(logging.DEBUG, logger="gpuscope.alerts.alertmanager"), notifier_for(
+            base, retry_initial_seconds=0.05, retry_max_seconds=0.2) as notifier:
+        started = time.monotonic()
+        notifier(make_transition("GpuFrequentIdleDips", "firing", gpu=6))
+        assert time.monotonic() - started < 0.05, "the listener must not wait for the network"
+        wait_until(lambda: notifier.errors >= 3, "retries")
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, "an outage is logged once"
+        assert notifier.queued == 1
+        with run_alertmanager(tmp_path / "am", port):
+            (alert,) = wait_until(lambda: active_alerts(base, "GpuFrequentIdleDips"), "delivery after start")
+            assert alert["labels"]["gpu"] == "6"
+            wait_until(lambda: notifier.queued == 0, "the queue to empty")
+            wait_until(lambda: "reachable again" in caplog.text, "the recovery to be logged")
+
+
+# -- misbehaving peers (no Alertmanager needed) ------------------------------------------------------
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    status = 200
+    bodies: list[Any] = []
+
+    def do_POST(self) -> None:
+        length = int(self.headers["Content-Length"])
+        payload = json.loads(self.rfile.read(length))
+        type(self).bodies.append((self.path, self.headers["Content-Type"], payload))
+        self.send_response(self.status)
+        self.end_headers()
+        self.wfile.write(b"answer")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def recorder(status: int) -> Iterator[tuple[str, list[Any]]]:
+    class Handler(_Recorder):
+        pass
+
+    Handler.status, Handler.bodies = status, []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/prefix/", Handler.bodies
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_payload_shape_and_path_prefix() -> None:
+    with recorder(200) as (url, bodies), notifier_for(url) as notifier:
+        transition = make_transition("GpuLowUtilization", "resolved", at=1_700_000_000.0)
+        notifier(transition)
+        wait_until(lambda: bodies, "a push")
+    ((path, content_type, payload),) = bodies
+    assert (path, content_type) == ("/prefix/api/v2/alerts", "application/json")
+    assert payload == [{
+        "labels": {"alertname": "GpuLowUtilization", "gpu": "1", "uuid": "GPU-00000001-test",
+                   "severity": "warning", "instance": INSTANCE, "hostname": HOSTNAME},
+        "annotations": {"summary": transition.summary, "description": "mean_utilization=0.55, processes=1"},
+        "startsAt": "2023-11-14T22:11:20.000Z",
+        "endsAt": "2023-11-14T22:13:20.000Z",
+        "generatorURL": f"http://{INSTANCE}/api/v1/alerts",
+    }]
+
+
+def test_the_latest_state_of_an_alert_replaces_an_undelivered_one() -> None:
+    with recorder(200) as (url, bodies):
+        notifier = AlertmanagerNotifier(AlertmanagerConfig(url=url), FakeAlertSource(), hostname=HOSTNAME,
+                                        instance=INSTANCE)
+        notifier(make_transition("GpuLowUtilization", "firing"))
+        notifier(make_transition("GpuLowUtilization", "resolved"))
+        notifier(make_transition("GpuLowUtilization", "firing", gpu=2))
+        assert notifier.queued == 2
+        notifier.start()
+        try:
+            wait_until(lambda: bodies, "a push")
+        finally:
+            notifier.stop()
+    ((_, _, payload),) = bodies
+    assert [(a["labels"]["gpu"], parse_time(a["endsAt"]) < time.time()) for a in payload] == [
+        ("1", True), ("2", False)]
+
+
+def test_refused_payload_is_dropped_not_retried(caplog: pytest.LogCaptureFixture) -> None:
+    with recorder(400) as (url, bodies), notifier_for(url, retry_initial_seconds=0.01) as notifier:
+        notifier(make_transition("GpuLowUtilization", "firing"))
+        wait_until(lambda: notifier.dropped == 1, "the refusal")
+        time.sleep(0.2)
+        assert len(bodies) == 1
+        assert notifier.queued == 0
+    assert "refused" in caplog.text
+
+
+def test_server_errors_are_retried() -> None:
+    with recorder(503) as (url, bodies), notifier_for(url, retry_initial_seconds=0.01,
+                                                      retry_max_seconds=0.02) as notifier:
+        notifier(make_transition("GpuLowUtilization", "firing"))
+        wait_until(lambda: len(bodies) >= 3, "retries")
+        assert notifier.queued == 1 and notifier.errors >= 2
+
+
+def test_queue_is_bounded_dropping_the_oldest(caplog: pytest.LogCaptureFixture) -> None:
+    notifier = AlertmanagerNotifier(AlertmanagerConfig(url="http://127.0.0.1:1"), FakeAlertSource(),
+                                    hostname=HOSTNAME, instance=INSTANCE, max_pending=3)
+    with caplog.at_level(logging.WARNING, logger="gpuscope.alerts.alertmanager"):
+        for gpu in range(10):
+            notifier(make_transition("GpuLowUtilization", "firing", gpu=gpu))
+    assert (notifier.queued, notifier.dropped) == (3, 7)
+    assert len(caplog.records) == 1
+
+
+def test_stop_is_prompt_while_a_push_hangs() -> None:
+    # A peer that accepts the connection (the kernel's backlog) and never answers.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with notifier_for(url, timeout=30.0) as notifier:
+            notifier(make_transition("GpuLowUtilization", "firing"))
+            time.sleep(0.2)  # the push is in flight
+            started = time.monotonic()
+            notifier.stop()
+            assert time.monotonic() - started < 2.0
+            started = time.monotonic()
+            notifier(make_transition("GpuLowUtilization", "resolved"))  # still harmless after stop
+            assert time.monotonic() - started < 0.05
+
+
+@pytest.mark.parametrize(("url", "endpoint"), [
+    ("http://alertmanager:9093", "http://alertmanager:9093/api/v2/alerts"),
+    ("http://alertmanager:9093/", "http://alertmanager:9093/api/v2/alerts"),
+    ("https://am.example.org/alertmanager/", "https://am.example.org/alertmanager/api/v2/alerts"),
+    ("http://[::1]:9093", "http://[::1]:9093/api/v2/alerts"),
+    ("HTTP://AM:9093", "http://am:9093/api/v2/alerts"),
+])
+def test_endpoint_from_base_url(url: str, endpoint: str) -> None:
+    assert alertmanager_endpoint(url) == endpoint
+
+
+@pytest.mark.parametrize("url", [
+    None, "", "alertmanager:9093", "ftp://am:9093", "file:///etc/passwd", "http://", "http://:9093",
+    "http://user:pw@am:9093", "http://am:9093/?x=1", "http://am:9093/#frag", "http://am:9093/a/../b",
+    "http://am:9093/..", "http://am:9093/%2e%2e/x", "http://am:9093/a/./b", "http://am:99999",
+    "http://am:9093/a b", "http://am:9093/a\\b", "http://am:9093//x",
+])
+def test_bad_urls_are_refused_with_a_hint(url: str | None) -> None:
+    with pytest.raises(ValueError, match=r"Alertmanager URL|alertmanager\.url"):
+        alertmanager_endpoint(url)
+    with pytest.raises(ValueError):
+        AlertmanagerNotifier(AlertmanagerConfig(url=url), FakeAlertSource(), hostname=HOSTNAME,
+                             instance=INSTANCE)
+
+
+def test_refused_resend_waits_for_the_next_interval() -> None:
+    source = FakeAlertSource()
+    source.current = [make_alert("GpuXidError")]
+    with recorder(400) as (url, bodies), notifier_for(url, source, resend_interval=0.2) as notifier:
+        time.sleep(1.0)
+        assert 3 <= len(bodies) <= 6, "one re-send per interval, refused or not"
+        assert len(bodies) - 1 <= notifier.errors <= len(bodies)  # (the last answer may be in flight)
+
+
+@pytest.mark.parametrize(("host", "port", "expected"), [
+    ("", 9847, "node-7:9847"), ("0.0.0.0", 9847, "node-7:9847"), ("::", 9847, "node-7:9847"),
+    ("127.0.0.1", 1234, "127.0.0.1:1234"), ("::1", 9847, "[::1]:9847"),
+    ("gpu7.example.org", 80, "gpu7.example.org:80"),
+])
+def test_instance_label(host: str, port: int, expected: str) -> None:
+    assert instance_label(host, port, HOSTNAME) == expected
