@@ -61,7 +61,7 @@ class Transition:
     uuid: str
     severity: Severity
     hostname: str
-    previous: TransitionState | None  # None for the first transition of an alert (inactive -> pending)
+    previous: TransitionState | None  # None: the alert's first transition (to pending, or firing if for=0)
     state: TransitionState
     at: float  # when the transition happened
     active_since: float  # when the condition first held (the alert's start time)
