@@ -79,3 +79,22 @@ def test_bad_env_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_retry_max_not_below_initial(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nvml\.retry_max"):
         load_settings(write(tmp_path, "nvml:\n  retry_initial: 10s\n  retry_max: 1s\n"))
+
+
+def test_the_documented_example_is_a_valid_configuration(tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    example = text[text.index("# /etc/gpuscope/gpuscope.yml"):]
+    example = example[: example.index("```")]
+    s = load_settings(write(tmp_path, example))
+    assert s.alerting.alertmanager.url == "http://alertmanager.monitoring:9093"
+    assert s.alerting.rules.GpuLowUtilization.window == 120.0
+
+
+def test_alerting_problems_are_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "sample_interval: 2s\nalerting:\n  rules:\n    GpuLowUtilisation: {}\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert "alerting.rules.GpuLowUtilisation: unknown key" in info.value.problems
+    bad_url = write(tmp_path, "alerting:\n  alertmanager:\n    url: ftp://am:9093\n")
+    with pytest.raises(ConfigError, match=r"alerting\.alertmanager\.url"):
+        load_settings(bad_url)
