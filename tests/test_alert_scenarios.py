@@ -165,3 +165,17 @@ def test_healthy_node_raises_nothing_in_ten_minutes() -> None:
     assert r.engine.alerts() == [] and r.engine.transition_counts() == {}
     assert r.clock.now > 600
     assert time.monotonic() - started < 30  # simulated time runs far faster than wall time
+
+
+def test_the_demo_node_shows_every_rule() -> None:
+    """The README's demo scenario is meant to show every pattern: each rule fires on it."""
+    with Run("demo") as run:
+        run.until(450.0)  # a 5-minute loop and a half: the lagging phase's window fills after 5m
+    fired = {rule for rule, _gpu in run.fired()}
+    assert fired == set(RULES), sorted(set(RULES) - fired)
+    where: dict[str, set[int]] = {}
+    for rule, gpu in run.fired():
+        where.setdefault(rule, set()).add(gpu)
+    assert where["GpuSharedByProcesses"] == {2} and where["GpuBusyButStalled"] == {3}
+    assert where["GpuThrottled"] == {0} and where["GpuXidError"] == {3}
+    assert where["GpuFrequentIdleDips"] == {1}
