@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from gpuscope.ctypes_layout import element_format, fields, layout, unpack, unpack_array
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -234,13 +236,13 @@ class Nvml:
         # The first call doubles as the liveness probe: a lost GPU raises here and we stop.
         mem = query(device, "memory", pynvml.nvmlDeviceGetMemoryInfo, h, pynvml.nvmlMemory_v2)
         if mem is not None:
-            total, reserved, used = (_fields(_MEMORY_LAYOUT, pynvml.c_nvmlMemory_v2_t, mem)
+            total, reserved, used = (fields(_MEMORY_LAYOUT, pynvml.c_nvmlMemory_v2_t, mem)
                                      or (mem.total, mem.reserved, mem.used))
             r.memory_used_bytes, r.memory_reserved_bytes, r.memory_total_bytes = (
                 int(used), int(reserved), int(total))
         rates = query(device, "utilization", pynvml.nvmlDeviceGetUtilizationRates, h)
         if rates is not None:
-            gpu, memory = (_fields(_UTILIZATION_LAYOUT, pynvml.c_nvmlUtilization_t, rates)
+            gpu, memory = (fields(_UTILIZATION_LAYOUT, pynvml.c_nvmlUtilization_t, rates)
                            or (rates.gpu, rates.memory))
             r.utilization_ratio = gpu / 100.0
             r.memory_utilization_ratio = memory / 100.0
@@ -307,7 +309,7 @@ class Nvml:
             array = self._query(device, "pcie_counters", pynvml.nvmlDeviceGetFieldValues, h, _PCIE_FIELDS)
             # (nvmlReturn, value.ullVal) of the TX then the RX field
             values = None if array is None else (
-                _unpack_array(_FIELD_VALUE_LAYOUT, pynvml.c_nvmlFieldValue_t, array)
+                unpack_array(_FIELD_VALUE_LAYOUT, pynvml.c_nvmlFieldValue_t, array)
                 or [(v.nvmlReturn, v.value.ullVal) for v in array])
             if values is not None and all(ret == pynvml.NVML_SUCCESS for ret, _ in values):
                 device.pcie_counters = True
@@ -430,7 +432,6 @@ def _describe(err: pynvml.NVMLError) -> str:
 
 
 def _handle_address(handle: Any) -> int | None:
-    import ctypes
 
     return ctypes.cast(handle, ctypes.c_void_p).value
 
@@ -454,68 +455,6 @@ def _sample_value(value_type: int, value: Any) -> float:
 # one struct.iter_unpack over their bytes, at the offsets ctypes gives the very same types. Where a
 # type is not laid out as expected (another pynvml), the layout is None and fields are read as before.
 
-_STRUCT_INT = {1: "b", 2: "h", 4: "i", 8: "q"}
-
-
-def _field_code(ctype: Any) -> str | None:
-    kind = getattr(ctype, "_type_", None)
-    if kind in ("f", "d"):
-        return str(kind)
-    size = ctypes.sizeof(ctype)
-    if not isinstance(kind, str) or kind not in "bBhHiIlLqQ" or size not in _STRUCT_INT:
-        return None
-    return _STRUCT_INT[size] if kind.islower() else _STRUCT_INT[size].upper()
-
-
-def _element_format(ctype: Any, *paths: str) -> str | None:
-    """struct codes (no byte-order prefix) for the fields ``paths`` of one ``ctype``, padded to its
-    whole size; the paths must be in increasing offset order. None if that cannot be done."""
-    try:
-        fmt, at = "", 0
-        for path in paths:
-            offset, ftype = 0, ctype
-            for name in path.split("."):
-                offset += getattr(ftype, name).offset
-                ftype = dict((f[0], f[1]) for f in ftype._fields_)[name]
-            code = _field_code(ftype)
-            if code is None or offset < at:
-                return None
-            fmt += f"{offset - at}x" * (offset > at) + code
-            at = offset + ctypes.sizeof(ftype)
-        size = ctypes.sizeof(ctype)
-        if at > size:
-            return None
-        return fmt + f"{size - at}x" * (size > at)
-    except (AttributeError, KeyError, TypeError):
-        return None
-
-
-def _layout(ctype: Any, *paths: str) -> struct.Struct | None:
-    fmt = _element_format(ctype, *paths)
-    return None if fmt is None else struct.Struct("=" + fmt)
-
-
-def _unpack(layout: struct.Struct | None, ctype: Any, items: list[Any]) -> list[tuple[Any, ...]] | None:
-    """The fields of each of ``items`` (instances of ``ctype``), or None to read them one by one."""
-    if layout is None or (items and set(map(type, items)) != {ctype}):
-        return None
-    return list(layout.iter_unpack(b"".join(map(bytes, items))))
-
-
-def _unpack_array(layout: struct.Struct | None, ctype: Any, array: Any) -> list[tuple[Any, ...]] | None:
-    """The fields of each element of a ctypes array of ``ctype``, or None to read them one by one."""
-    if layout is None or getattr(type(array), "_type_", None) is not ctype:
-        return None
-    return list(layout.iter_unpack(array))
-
-
-def _fields(layout: struct.Struct | None, ctype: Any, item: Any) -> tuple[Any, ...] | None:
-    """The fields of one ``ctype`` structure, or None to read them one by one."""
-    if layout is None or type(item) is not ctype:
-        return None
-    return layout.unpack_from(item)
-
-
 _SAMPLE_UNION_MEMBER = {
     pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
@@ -523,14 +462,14 @@ _SAMPLE_UNION_MEMBER = {
     pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
 }  # anything else: uiVal, as _sample_value reads it
 _SAMPLE_LAYOUTS = {
-    value_type: _layout(pynvml.c_nvmlSample_t, "timeStamp", f"sampleValue.{member}")
+    value_type: layout(pynvml.c_nvmlSample_t, "timeStamp", f"sampleValue.{member}")
     for value_type, member in _SAMPLE_UNION_MEMBER.items()
 }
-_SAMPLE_UINT_LAYOUT = _layout(pynvml.c_nvmlSample_t, "timeStamp", "sampleValue.uiVal")
-_PROCESS_SAMPLE_LAYOUT = _layout(pynvml.c_nvmlProcessUtilizationSample_t, "pid", "timeStamp", "smUtil")
-_MEMORY_LAYOUT = _layout(pynvml.c_nvmlMemory_v2_t, "total", "reserved", "used")
-_UTILIZATION_LAYOUT = _layout(pynvml.c_nvmlUtilization_t, "gpu", "memory")
-_FIELD_VALUE_LAYOUT = _layout(pynvml.c_nvmlFieldValue_t, "nvmlReturn", "value.ullVal")
+_SAMPLE_UINT_LAYOUT = layout(pynvml.c_nvmlSample_t, "timeStamp", "sampleValue.uiVal")
+_PROCESS_SAMPLE_LAYOUT = layout(pynvml.c_nvmlProcessUtilizationSample_t, "pid", "timeStamp", "smUtil")
+_MEMORY_LAYOUT = layout(pynvml.c_nvmlMemory_v2_t, "total", "reserved", "used")
+_UTILIZATION_LAYOUT = layout(pynvml.c_nvmlUtilization_t, "gpu", "memory")
+_FIELD_VALUE_LAYOUT = layout(pynvml.c_nvmlFieldValue_t, "nvmlReturn", "value.ullVal")
 
 
 def _new_utilization_samples(device: NvmlDevice) -> list[tuple[int, float]]:
@@ -541,7 +480,7 @@ def _new_utilization_samples(device: NvmlDevice) -> list[tuple[int, float]]:
             device.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, cursor)
     except pynvml.NVMLError_NotFound:
         return []  # nothing new since the cursor (also what an idle GPU says)
-    rows = _unpack(_SAMPLE_LAYOUTS.get(value_type, _SAMPLE_UINT_LAYOUT), pynvml.c_nvmlSample_t, samples)
+    rows = unpack(_SAMPLE_LAYOUTS.get(value_type, _SAMPLE_UINT_LAYOUT), pynvml.c_nvmlSample_t, samples)
     if rows is None:
         rows = [(int(s.timeStamp), _sample_value(value_type, s.sampleValue)) for s in samples]
     # The cursor is opaque: only ever compare it with the driver's own timestamps. (An integer value
@@ -559,7 +498,7 @@ def _new_process_utilization(device: NvmlDevice) -> dict[int, float]:
         samples = pynvml.nvmlDeviceGetProcessUtilization(device.handle, cursor)
     except pynvml.NVMLError_NotFound:
         return {}  # no process ran kernels since the cursor
-    rows = _unpack(_PROCESS_SAMPLE_LAYOUT, pynvml.c_nvmlProcessUtilizationSample_t, samples)
+    rows = unpack(_PROCESS_SAMPLE_LAYOUT, pynvml.c_nvmlProcessUtilizationSample_t, samples)
     if rows is None:
         rows = [(int(s.pid), int(s.timeStamp), s.smUtil) for s in samples]
     sums: dict[int, list[float]] = {}
@@ -604,7 +543,7 @@ def _running_processes(handle: Any, kind: str) -> list[RawProcess]:
 
 # nvmlGpmMetricsGet's results for our metrics: (nvmlReturn, value) of metrics[0 .. n-1], read from
 # the request's bytes (the request is kept per device and reused: its inputs do not change).
-_GPM_RESULT_ELEMENT = _element_format(pynvml.c_nvmlGpmMetric_t, "nvmlReturn", "value")
+_GPM_RESULT_ELEMENT = element_format(pynvml.c_nvmlGpmMetric_t, "nvmlReturn", "value")
 _GPM_METRICS_OFFSET: int = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
 _GPM_RESULTS = (
     None if _GPM_RESULT_ELEMENT is None
