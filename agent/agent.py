@@ -24,6 +24,7 @@ from gpuscope.http_server import AgentHttpServer
 from gpuscope.nvml import Nvml
 from gpuscope.processes import ProcessInspector
 from gpuscope.sampler import Sampler
+from gpuscope.systemd_notify import SystemdNotifier
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class Agent:
         self.registry = CollectorRegistry(auto_describe=False)
         collector = GpuscopeCollector(self.sampler.latest, include_cmdline=settings.processes.cmdline)
         self.registry.register(collector)
+        self.systemd = SystemdNotifier()
+        self.sampler.add_listener(self.systemd.on_snapshot)
         ProcessCollector(registry=self.registry)  # the agent's own CPU and memory, to prove its overhead
 
         alerting = settings.alerting
@@ -80,9 +83,9 @@ class Agent:
             if self.simulation is not None:
                 self.simulation.uninstall()
             raise
+        host, port = self.http.bound_address[:2]
         if self.alerts is not None and self.settings.alerting.alertmanager.url is not None:
             # Built once the port is bound: the alert's `instance` label names the real address.
-            host, port = self.http.bound_address[:2]
             self.notifier = AlertmanagerNotifier(
                 self.settings.alerting.alertmanager, self.alerts, hostname=self.hostname,
                 instance=instance_label(host, port, self.hostname))
@@ -93,7 +96,7 @@ class Agent:
         # reach, so the garbage a scrape leaves behind triggers cheap collections, not 6-8 ms ones.
         gc.collect()
         gc.freeze()
-        host, port = self.http.bound_address[:2]
+        self.systemd.ready(f"serving on port {port}")
         log.info("gpuscope serving on %s (port %d), sampling every %gs%s", host, port,
                  self.settings.sample_interval,
                  f", simulating {self.settings.simulate!r}" if self.settings.simulate else "")
@@ -102,6 +105,7 @@ class Agent:
         if self._stopped:
             return
         self._stopped = True
+        self.systemd.stopping()
         self.http.stop()
         self.sampler.stop()
         if self.notifier is not None:
