@@ -1,0 +1,100 @@
+"""Alertmanager's webhook (payload version 4) as a capture trigger.
+
+Central Prometheus rules fire, Alertmanager posts the group to every agent's
+``POST /api/v1/alertmanager``; each agent keeps the firing alerts that name *it* (their ``instance``
+label's host is one of this node's names or addresses, and its port, if any, is the agent's) and
+that carry a ``gpu`` or ``uuid`` label. Anything malformed is refused whole with the reason, and
+nothing is triggered.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+MAX_BODY_BYTES = 1 << 20  # Alertmanager groups are small; a larger body is not a webhook
+MAX_ALERTS = 1000
+
+
+class WebhookError(ValueError):
+    """A payload that is not a valid Alertmanager v4 webhook; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookTrigger:
+    alertname: str
+    gpu: int | None
+    uuid: str | None
+
+
+def parse_webhook(body: bytes, *, hosts: Collection[str], port: int | None) -> list[WebhookTrigger]:
+    """The capture triggers a webhook body asks of this node. ``hosts``: its names and addresses."""
+    if len(body) > MAX_BODY_BYTES:
+        raise WebhookError(f"payload of {len(body)} bytes exceeds the {MAX_BODY_BYTES}-byte limit")
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise WebhookError(f"not JSON: {err}") from None
+    if not isinstance(payload, dict):
+        raise WebhookError("the payload must be a JSON object")
+    if payload.get("version") != "4":
+        raise WebhookError(f"unsupported payload version {payload.get('version')!r} (expected \"4\")")
+    alerts = payload.get("alerts")
+    if not isinstance(alerts, list):
+        raise WebhookError("'alerts' must be a list")
+    if len(alerts) > MAX_ALERTS:
+        raise WebhookError(f"{len(alerts)} alerts exceed the limit of {MAX_ALERTS}")
+    common = _labels(payload.get("commonLabels", {}), "commonLabels")
+    triggers = []
+    for i, alert in enumerate(alerts):
+        if not isinstance(alert, dict):
+            raise WebhookError(f"alerts[{i}] must be an object")
+        labels = {**common, **_labels(alert.get("labels", {}), f"alerts[{i}].labels")}
+        status = alert.get("status", payload.get("status"))
+        if status not in ("firing", "resolved"):
+            raise WebhookError(f"alerts[{i}].status must be 'firing' or 'resolved', got {status!r}")
+        if status != "firing" or not _is_this_node(labels.get("instance", ""), hosts, port):
+            continue
+        gpu = _gpu_index(labels.get("gpu"), f"alerts[{i}].labels.gpu")
+        uuid = labels.get("uuid") or None
+        if gpu is None and uuid is None:
+            continue  # about this node but no GPU: nothing to capture
+        triggers.append(WebhookTrigger(labels.get("alertname", "unnamed"), gpu, uuid))
+    return triggers
+
+
+def _labels(value: Any, where: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in value.items()):
+        raise WebhookError(f"{where} must map label names to strings")
+    return value
+
+
+def _gpu_index(value: str | None, where: str) -> int | None:
+    if value is None or value == "":
+        return None
+    if not value.isdigit() or len(value) > 4:
+        raise WebhookError(f"{where} must be a GPU index, got {value!r}")
+    return int(value)
+
+
+def _split_instance(instance: str) -> tuple[str, str]:
+    """(host, port) of an `instance` label; port is "" when absent."""
+    if instance.startswith("["):  # [v6]:port or [v6]
+        host, _, rest = instance[1:].partition("]")
+        return host, rest.removeprefix(":")
+    if instance.count(":") == 1:  # host:port
+        host, _, port = instance.partition(":")
+        return host, port
+    return instance, ""  # a bare host, or a bare IPv6 address
+
+
+def _is_this_node(instance: str, hosts: Collection[str], port: int | None) -> bool:
+    host, port_text = _split_instance(instance)
+    if not host:
+        return False
+    if port_text and port is not None and port_text != str(port):
+        return False
+    return host.lower() in {h.lower() for h in hosts}
