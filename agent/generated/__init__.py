@@ -1,0 +1,1 @@
+"""Generated from proto/ by scripts/generate_protos.sh. Do not edit."""
