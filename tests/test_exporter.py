@@ -35,8 +35,10 @@ from snapshots import (
 )
 
 from gpuscope.alerts.model import Alert, AlertState, Severity, TransitionState
+from gpuscope.capture.model import Outcome, TriggerKind
 from gpuscope.clock_events import CLOCK_EVENT_REASONS
 from gpuscope.exporters.alerts import AlertCollector
+from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.exporters.prometheus import CMDLINE_MAX_CHARS, GpuscopeCollector
 from gpuscope.snapshot import GpuReading, Snapshot
 from gpuscope.version import __version__
@@ -140,8 +142,10 @@ def catalogue_section(text: str, title: str) -> str:
 
 def test_full_snapshot_renders_exactly_the_catalogue() -> None:
     text = CATALOGUE.read_text()
-    # The Alerts table is AlertCollector's, checked by test_alert_collector_renders_exactly_the_catalogue.
+    # The Alerts table is AlertCollector's, checked by test_alert_collector_renders_exactly_the_catalogue;
+    # the Captures table is CaptureCollector's (test_capture_collector_renders_exactly_the_catalogue).
     documented = set(parse_catalogue(text)) - set(parse_catalogue(catalogue_section(text, "Alerts")))
+    documented -= set(parse_catalogue(catalogue_section(text, "Captures")))
     emitted = set()
     for family in collect(make_full_snapshot(), include_cmdline=True).values():
         label_sets = {frozenset(s.labels) for s in family.samples}
@@ -546,3 +550,65 @@ def test_alert_collector_output_passes_promtool_check_metrics() -> None:
     result = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True, timeout=30,
                             check=False)
     assert (result.returncode, result.stdout, result.stderr) == (0, b"", b""), result
+
+
+# -- captures (CaptureCollector) ---------------------------------------------------------------------
+
+
+class FakeCaptureStats:
+    """A CaptureStats whose counts, store size and last capture time the test sets."""
+
+    def __init__(self, counts: dict[tuple[TriggerKind, Outcome], int] | None = None,
+                 stored: int | None = 0, last: float | None = None) -> None:
+        self.counts = counts or {}
+        self.stored = stored
+        self.last = last
+
+    def capture_counts(self) -> Mapping[tuple[TriggerKind, Outcome], int]:
+        return dict(self.counts)
+
+    def store_bytes(self) -> int | None:
+        return self.stored
+
+    def last_capture_timestamp(self) -> float | None:
+        return self.last
+
+
+def _capture_stats() -> FakeCaptureStats:
+    return FakeCaptureStats(
+        counts={("alert", "captured"): 3, ("alert", "refused"): 5, ("user", "unreachable"): 1},
+        stored=12_345_678, last=1_700_000_300.5)
+
+
+def test_capture_collector_renders_exactly_the_catalogue() -> None:
+    documented = set(parse_catalogue(catalogue_section(CATALOGUE.read_text(), "Captures")))
+    assert {row.name for row in documented} == {
+        "gpuscope_captures_total", "gpuscope_capture_store_bytes", "gpuscope_capture_last_timestamp_seconds"}
+    emitted = set()
+    for family in CaptureCollector(_capture_stats()).collect():
+        label_sets = {frozenset(s.labels) for s in family.samples}
+        assert len(label_sets) == 1, f"{family.name}: samples with different label names"
+        emitted.add(CatalogueRow(_exposed_name(family), family.type, family.unit, label_sets.pop(),
+                                 family.documentation))
+    assert emitted == documented
+
+
+def test_capture_collector_values_and_absence() -> None:
+    stats = _capture_stats()
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(CaptureCollector(stats))
+    parsed = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    assert {(s.labels["trigger"], s.labels["outcome"]): s.value
+            for s in parsed["gpuscope_captures"].samples} == {
+        ("alert", "captured"): 3.0, ("alert", "refused"): 5.0, ("user", "unreachable"): 1.0}
+    assert [s.value for s in parsed["gpuscope_capture_store_bytes"].samples] == [12_345_678.0]
+    assert [s.value for s in parsed["gpuscope_capture_last_timestamp_seconds"].samples] == [1_700_000_300.5]
+
+    # Before the first capture: no counter series, an empty store, no last timestamp.
+    stats.counts, stats.stored, stats.last = {}, 0, None
+    families = {_exposed_name(m): m for m in CaptureCollector(stats).collect()}
+    assert set(families) == {"gpuscope_capture_store_bytes"}
+    assert families["gpuscope_capture_store_bytes"].samples[0].value == 0.0
+    # No store (captures disabled): nothing at all.
+    stats.stored = None
+    assert list(CaptureCollector(stats).collect()) == []

@@ -1,0 +1,170 @@
+"""The `capture:` section of the configuration: when captures are taken, where they go, how they are found.
+
+```yaml
+capture:
+  enabled: true
+  store: {root: /var/lib/gpuscope/captures, quota_bytes: 2GiB}
+  duration: 2s          # an alert-triggered capture; a user may ask for up to max_duration
+  max_duration: 30s
+  cooldown: 15m         # per GPU, for alert and webhook triggers
+  hourly_budget: 6      # captures of any trigger in a rolling hour
+  rules: {GpuThrottled: true, GpuLowUtilization: false}
+  profiler_ports: [6009]
+  targets:
+    - {address: "10.0.0.7:6009", gpu: 0}
+    - {address: "trainer:9012", all: true}
+```
+
+Which alerts capture by default is in ``DEFAULT_RULE_CAPTURE`` (the rules whose cause a profiler trace can
+show); ``rules`` overrides it per rule and refuses names that are not alert rules.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from gpuscope.alerts.rules import RULE_TYPES
+from gpuscope.durations import format_duration, parse_duration
+from gpuscope.simulate.units import parse_size
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+MAX_DURATION_SECONDS = 30.0  # the longest capture anyone may ask for (a trace of 30 s is already large)
+MIN_QUOTA_BYTES = 2**20
+
+# A profiler trace explains a GPU that waits (input pipeline, host work, synchronisation, stragglers);
+# it does not explain a hardware event (Xid), a thermal or power clamp, or who shares a GPU.
+DEFAULT_RULE_CAPTURE: Mapping[str, bool] = {
+    "GpuLowUtilization": True,
+    "GpuSharedByProcesses": False,
+    "GpuFrequentIdleDips": True,
+    "GpuUtilizationSkew": True,
+    "GpuBusyButStalled": True,
+    "GpuThrottled": False,
+    "GpuXidError": False,
+}
+assert set(DEFAULT_RULE_CAPTURE) == set(RULE_TYPES), "DEFAULT_RULE_CAPTURE must name every alert rule"
+
+
+def parse_address(value: str) -> tuple[str, int]:
+    """(host, port) of "host:port", "1.2.3.4:port" or "[v6]:port"; ValueError says what is wrong."""
+    text = value.strip()
+    if text.startswith("["):
+        host, sep, port_text = text[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"expected [v6-address]:port, got {value!r}")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IPv6 address (in {value!r})") from None
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep or not host:
+            raise ValueError(f"expected host:port, got {value!r}")
+        if ":" in host:
+            raise ValueError(f"write an IPv6 address in brackets, [addr]:port, got {value!r}")
+        if not all(c.isascii() and (c.isalnum() or c in "-._") for c in host):
+            raise ValueError(f"{host!r} is not a host name or address (in {value!r})")
+    if not port_text.isascii() or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"the port must be a number from 1 to 65535, got {port_text!r} (in {value!r})")
+    return host, int(port_text)
+
+
+def _address(value: str) -> str:
+    parse_address(value)
+    return value.strip()
+
+
+def _port(value: int) -> int:
+    if not 1 <= value <= 65535:
+        raise ValueError(f"a port must be from 1 to 65535, got {value}")
+    return value
+
+
+def _unique_ports(ports: list[int]) -> list[int]:
+    if len(set(ports)) != len(ports):
+        raise ValueError("a port is listed twice")
+    return ports
+
+
+def _known_rules(rules: dict[str, bool]) -> dict[str, bool]:
+    unknown = sorted(set(rules) - set(RULE_TYPES))
+    if unknown:
+        raise ValueError(f"unknown alert rule {', '.join(map(repr, unknown))}; the rules are "
+                         f"{', '.join(RULE_TYPES)}")
+    return rules
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoreConfig(_Section):
+    root: Path = Field(Path("/var/lib/gpuscope/captures"),
+                       description="Directory of the capture store (one sub-directory per capture).")
+    quota_bytes: Size = Field(2 * 2**30, ge=MIN_QUOTA_BYTES,
+                              description="Disk space the captures may use; the oldest are evicted first. "
+                                          "Sizes such as 2GiB or 500MB are accepted.")
+
+
+class StaticTarget(_Section):
+    """A ProfilerService (TensorFlow/JAX) the agent cannot discover, named with what it profiles."""
+
+    address: Annotated[str, AfterValidator(_address)] = Field(
+        description="host:port of the ProfilerService (gRPC), e.g. 10.0.0.7:6009 or [fd00::7]:6009.")
+    gpu: int | None = Field(None, ge=0, description="Profile this target for alerts on this GPU index.")
+    uuid: str | None = Field(None, min_length=1, description="... or on the GPU with this UUID.")
+    pid: int | None = Field(None, ge=1, description="... or when this pid is on the alerting GPU.")
+    all: bool = Field(False, description="... or for every GPU of the node.")
+
+    @model_validator(mode="after")
+    def _one_selector(self) -> StaticTarget:
+        chosen = [name for name in ("gpu", "uuid", "pid") if getattr(self, name) is not None]
+        if self.all:
+            chosen.append("all")
+        if len(chosen) != 1:
+            raise ValueError("name exactly one of gpu, uuid, pid or all: true"
+                             + (f" (got {', '.join(chosen)})" if chosen else ""))
+        return self
+
+
+class CaptureConfig(_Section):
+    enabled: bool = Field(True, description="Take captures at all (alert, webhook and user triggers).")
+    store: StoreConfig = StoreConfig()
+    duration: Duration = Field(2.0, gt=0.0, description="Length of an alert-triggered capture; also the "
+                                                        "default of a user request that names none.")
+    max_duration: Duration = Field(MAX_DURATION_SECONDS, gt=0.0, le=MAX_DURATION_SECONDS,
+                                   description="Longest capture a user may request (at most 30s).")
+    cooldown: Duration = Field(900.0, description="After a capture on a GPU, alert and webhook triggers "
+                                                  "on that GPU are refused for this long.")
+    hourly_budget: int = Field(6, ge=1, le=3600,
+                               description="Captures of any trigger allowed in a rolling hour.")
+    deadline_margin: Duration = Field(10.0, gt=0.0, le=120.0,
+                                      description="Time a backend may take beyond the capture duration "
+                                                  "(connection, trace transfer) before it is abandoned.")
+    rules: Annotated[dict[str, bool], AfterValidator(_known_rules)] = Field(
+        default_factory=dict,
+        description="Per alert rule, whether its firing triggers a capture (overrides the defaults).")
+    profiler_ports: Annotated[list[Annotated[int, AfterValidator(_port)]], AfterValidator(_unique_ports)] = (
+        Field([6009], max_length=32,
+              description="TCP ports on which a GPU process (or its parent) may serve a profiler; "
+                          "no other port is looked at."))
+    targets: list[StaticTarget] = Field(default_factory=list,
+                                        description="Profiler services named by hand.")
+
+    @model_validator(mode="after")
+    def _duration_within_max(self) -> CaptureConfig:
+        if self.duration > self.max_duration:
+            raise ValueError(f"duration ({format_duration(self.duration)}) must not be longer than "
+                             f"max_duration ({format_duration(self.max_duration)})")
+        return self
+
+    def rule_captures(self, alertname: str) -> bool:
+        """Whether a firing ``alertname`` triggers a capture (False for names that are not rules)."""
+        return self.rules.get(alertname, DEFAULT_RULE_CAPTURE.get(alertname, False))

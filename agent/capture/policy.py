@@ -1,0 +1,192 @@
+"""The capture policy: whether a trigger may capture now, and for how long.
+
+Checks, in this order (the first that fails is the reason):
+
+1. ``capture.enabled``.
+2. The rule: an ``alert`` or ``webhook`` trigger captures only when its alert's rule is set to
+   (``capture.rules`` over ``DEFAULT_RULE_CAPTURE``). ``user`` and ``fleet`` triggers are deliberate
+   requests and have no rule.
+3. The duration: alert and webhook triggers always record ``capture.duration``. A user or fleet
+   request may name a length up to ``capture.max_duration``; a longer (or non-positive) one is refused,
+   not shortened, so that whoever asked knows.
+4. One capture per node: while one is in flight, any other is refused ("busy node").
+5. The cooldown per GPU, for alert and webhook triggers only: after a capture on a GPU started, they
+   are refused on that GPU for ``capture.cooldown``. User and fleet requests bypass the cooldown (a
+   person asking for a trace now should get one), but they start the cooldown like any capture, and
+   they are still bound by 4 and 6 and by the store's quota.
+6. The hourly budget: at most ``capture.hourly_budget`` captures (of any trigger) started in any
+   rolling 60 minutes.
+
+``admit`` checks and, when allowed, takes the node's slot and charges the budget and the cooldown;
+``release`` gives the slot back when the capture is over. Pure logic with an injectable monotonic
+clock; thread-safe (the capture worker and the control API may ask concurrently).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from gpuscope.capture.config import CaptureConfig
+from gpuscope.capture.model import Trigger
+from gpuscope.durations import format_duration
+
+BUDGET_WINDOW_SECONDS = 3600.0
+# disabled, rule, duration, busy, cooldown, budget: why a capture was refused; None when allowed.
+RefusalCode = Literal["disabled", "rule", "duration", "busy", "cooldown", "budget"]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The policy's answer. ``ticket`` identifies an admitted capture for ``release`` (0 when refused)."""
+
+    allowed: bool
+    reason: str  # a sentence for logs and API replies; "" when allowed
+    code: RefusalCode | None = None
+    duration_s: float = 0.0  # the length to record, when allowed
+    ticket: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _InFlight:
+    ticket: int
+    trigger: Trigger
+    gpu: int | None
+    since: float  # monotonic admission time (also what the budget and the cooldown were charged)
+    previous_on_gpu: float | None  # the GPU's cooldown start before this one, restored by a refund
+
+
+class CapturePolicy:
+    def __init__(self, config: CaptureConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._config = config
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._in_flight: _InFlight | None = None
+        self._started: deque[float] = deque()  # admission times inside the budget window
+        self._last_on_gpu: dict[int | None, float] = {}  # gpu -> last admission time
+        self._next_ticket = 1
+
+    # -- deciding ------------------------------------------------------------------------------------
+
+    def check(self, trigger: Trigger, gpu: int | None, *, duration_s: float | None = None) -> Decision:
+        """What ``admit`` would answer now, without taking anything."""
+        with self._lock:
+            return self._decide(trigger, gpu, duration_s, self._clock())
+
+    def admit(self, trigger: Trigger, gpu: int | None, *, duration_s: float | None = None) -> Decision:
+        """Decide; when allowed, hold the node's slot (until ``release``), charge the hourly budget and
+        start the GPU's cooldown. ``gpu`` None: a capture not tied to a GPU (e.g. a user capture by pid)."""
+        with self._lock:
+            now = self._clock()
+            decision = self._decide(trigger, gpu, duration_s, now)
+            if not decision.allowed:
+                return decision
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            self._in_flight = _InFlight(ticket, trigger, gpu, now, self._last_on_gpu.get(gpu))
+            self._started.append(now)
+            self._last_on_gpu[gpu] = now
+            return Decision(True, "", None, decision.duration_s, ticket)
+
+    def release(self, decision: Decision, *, refund: bool = False) -> None:
+        """The admitted capture is over: free the node's slot. ``refund``: nothing was attempted (no
+        target was found, or the store refused it before any target was contacted), so the budget
+        and the cooldown it charged are given back. Releasing twice, or a refused decision, does nothing."""
+        with self._lock:
+            flight = self._in_flight
+            if flight is None or not decision.allowed or flight.ticket != decision.ticket:
+                return
+            self._in_flight = None
+            if refund:
+                if flight.since in self._started:
+                    self._started.remove(flight.since)
+                if self._last_on_gpu.get(flight.gpu) == flight.since:
+                    if flight.previous_on_gpu is None:
+                        del self._last_on_gpu[flight.gpu]
+                    else:
+                        self._last_on_gpu[flight.gpu] = flight.previous_on_gpu
+
+    def _decide(self, trigger: Trigger, gpu: int | None, duration_s: float | None, now: float) -> Decision:
+        config = self._config
+        if not config.enabled:
+            return _refuse("disabled", "captures are disabled (capture.enabled: false)")
+        automatic = trigger.kind in ("alert", "webhook")
+        if automatic:
+            if not trigger.alertname:
+                return _refuse("rule", f"the {trigger.kind} trigger names no alert")
+            if not config.rule_captures(trigger.alertname):
+                return _refuse("rule", f"alert {trigger.alertname} does not trigger captures "
+                                       f"(capture.rules.{trigger.alertname}: false, or not an agent rule)")
+            length = config.duration
+        elif duration_s is None:
+            length = config.duration
+        else:
+            if not math.isfinite(duration_s) or duration_s <= 0:
+                return _refuse("duration", f"a capture duration must be a positive number of seconds, "
+                                           f"got {duration_s!r}")
+            if duration_s > config.max_duration:
+                return _refuse("duration", f"the requested duration {format_duration(duration_s)} is longer "
+                                           f"than the maximum {format_duration(config.max_duration)} "
+                                           "(capture.max_duration)")
+            length = duration_s
+        if self._in_flight is not None:
+            flight = self._in_flight
+            where = f"GPU {flight.gpu}" if flight.gpu is not None else "the node"
+            return _refuse("busy", f"busy node: the {flight.trigger.kind} capture on {where} is in flight "
+                                   f"(for {format_duration(round(now - flight.since, 1))}); one at a time")
+        if automatic:
+            last = self._last_on_gpu.get(gpu)
+            if last is not None and now - last < config.cooldown:
+                cooldown = format_duration(config.cooldown)
+                return _refuse("cooldown", f"GPU {gpu} is cooling down: last capture {_ago(now - last)} ago, "
+                                           f"cooldown {cooldown} (capture.cooldown); next possible in "
+                                           f"{_ago(last + config.cooldown - now)}")
+        self._expire(now)
+        if len(self._started) >= config.hourly_budget:
+            free_at = self._started[0] + BUDGET_WINDOW_SECONDS
+            return _refuse("budget", f"hourly budget used: {len(self._started)} captures in the last hour "
+                                     f"(capture.hourly_budget: {config.hourly_budget}); next possible in "
+                                     f"{_ago(free_at - now)}")
+        return Decision(True, "", None, length)
+
+    def _expire(self, now: float) -> None:
+        while self._started and now - self._started[0] >= BUDGET_WINDOW_SECONDS:
+            self._started.popleft()
+
+    # -- state, for the API and logs -----------------------------------------------------------------
+
+    def busy(self) -> bool:
+        with self._lock:
+            return self._in_flight is not None
+
+    def budget_left(self) -> int:
+        """Captures still allowed in the rolling hour."""
+        with self._lock:
+            self._expire(self._clock())
+            return max(0, self._config.hourly_budget - len(self._started))
+
+    def cooldown_left(self, gpu: int | None) -> float:
+        """Seconds before an alert or webhook trigger on ``gpu`` may capture again (0: it may now)."""
+        with self._lock:
+            last = self._last_on_gpu.get(gpu)
+            if last is None:
+                return 0.0
+            return max(0.0, last + self._config.cooldown - self._clock())
+
+
+def _refuse(code: RefusalCode, reason: str) -> Decision:
+    return Decision(False, reason, code)
+
+
+def _ago(seconds: float) -> str:
+    """A rounded-up duration for messages: 0.2 -> '1s', 61 -> '1m1s', 900 -> '15m'."""
+    whole = max(1, math.ceil(seconds - 1e-9))
+    minutes, secs = divmod(whole, 60)
+    if not minutes:
+        return f"{secs}s"
+    return f"{minutes}m{secs}s" if secs else f"{minutes}m"

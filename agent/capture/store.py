@@ -1,0 +1,533 @@
+"""The capture store: one directory per capture under a root, published atomically, within a disk quota.
+
+Layout::
+
+    <root>/.lock                       flock held by the agent that owns the store
+    <root>/.staging/<id>/              where backends write while a capture runs (private, 0700)
+    <root>/.trash/<id>/                a capture being deleted (evicted), removed right after
+    <root>/<id>/capture.json           the record (capture.json is what makes a capture complete)
+    <root>/<id>/plugins/profile/<run>/<host>.xplane.pb    TensorFlow/JAX traces (TensorBoard/XProf layout)
+    <root>/<id>/<host>_<pid>.<ms>.pt.trace.json.gz         PyTorch (Kineto) traces
+
+So ``tensorboard --logdir <root>/<id>`` (or ``--logdir <root>``) shows the traces.
+
+Atomicity: a capture appears under ``<root>`` only through one ``rename`` of its complete staging
+directory, after its files and then capture.json were written and fsynced. A crash before that
+leaves a staging directory, which the next start removes; a crash while deleting leaves a directory
+in ``.trash``, removed the same way. So a directory named like a capture with a valid capture.json is
+always complete.
+
+Safety: ids that come from outside go through ``check_capture_id`` (a strict ASCII regex) before they
+touch a path; the root is resolved once and every capture path is ``<root>/<valid id>``; symlinks and
+special files inside the store are refused (never followed), so nothing outside the root is read,
+listed or deleted through the store.
+
+Quota: sizes are apparent file sizes (what a download streams). Before a capture is published, the
+oldest captures (by start time) are evicted until it fits; a capture larger than the whole quota is
+refused (CaptureQuotaError) and nothing is evicted for it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import re
+import secrets
+import shutil
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gpuscope.capture.model import CaptureRecord, Outcome
+from gpuscope.capture.records import (
+    RECORD_FILE,
+    CaptureIdError,
+    CaptureRecordError,
+    check_capture_id,
+    record_from_bytes,
+    record_to_bytes,
+)
+
+__all__ = [
+    "CaptureIdError",
+    "CaptureNotFoundError",
+    "CaptureQuotaError",
+    "CaptureStore",
+    "CaptureStoreError",
+    "Staging",
+    "StoredFile",
+]
+
+_log = logging.getLogger(__name__)
+
+STAGING_DIR = ".staging"
+TRASH_DIR = ".trash"
+LOCK_FILE = ".lock"
+MAX_DEPTH = 16  # directory levels inside one capture (plugins/profile/<run>/ is 3)
+MAX_FILES = 10_000  # files inside one capture
+_HOST_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class CaptureStoreError(Exception):
+    """The store cannot do what was asked; the message says why."""
+
+
+class CaptureNotFoundError(CaptureStoreError, LookupError):
+    """No complete capture with this id."""
+
+
+class CaptureQuotaError(CaptureStoreError):
+    """The capture does not fit in the store's quota even with every other capture evicted."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFile:
+    """One file of a capture: its path relative to the capture directory, where it is, its size."""
+
+    relative: str
+    path: Path
+    size: int
+
+
+def safe_host(host: str) -> str:
+    """A host name usable as a file name part: [A-Za-z0-9._-], no leading dot, at most 64 characters."""
+    name = _HOST_CHARS.sub("_", host).lstrip(".")[:64]
+    return name or "host"
+
+
+class Staging:
+    """A capture in progress: a private directory the backends write into, until commit or abort."""
+
+    __slots__ = ("_store", "begun", "id", "path")
+
+    def __init__(self, store: CaptureStore, capture_id: str, path: Path, begun: float) -> None:
+        self._store = store
+        self.id = capture_id
+        self.path = path
+        self.begun = begun  # wall clock (Unix seconds) at begin()
+
+    @property
+    def run(self) -> str:
+        """The TensorBoard run name of this capture's traces (the capture id: it sorts by time)."""
+        return self.id
+
+    @property
+    def profile_dir(self) -> Path:
+        """``plugins/profile/<run>``: where TensorBoard/XProf looks for ``<host>.xplane.pb``."""
+        return self.path / "plugins" / "profile" / self.run
+
+    def xplane_path(self, host: str) -> Path:
+        """Where a TensorFlow/JAX backend writes the XSpace of ``host`` (directories not created)."""
+        return self.profile_dir / f"{safe_host(host)}.xplane.pb"
+
+    def kineto_trace_path(self, host: str, pid: int) -> Path:
+        """Where a PyTorch backend puts the Kineto trace of ``pid`` (TensorBoard's torch plugin name)."""
+        return self.path / f"{safe_host(host)}_{pid}.{round(self.begun * 1000)}.pt.trace.json.gz"
+
+    def __repr__(self) -> str:
+        return f"Staging({self.id!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    record: CaptureRecord
+    disk_bytes: int  # the files plus capture.json
+
+
+class CaptureStore:
+    """Complete captures under ``root``; thread-safe. One agent process owns a root at a time (flock)."""
+
+    def __init__(self, root: Path, *, quota_bytes: int, clock: Callable[[], float] = time.time,
+                 token: Callable[[], str] = lambda: secrets.token_hex(3)) -> None:
+        if quota_bytes <= 0:
+            raise ValueError(f"quota_bytes must be positive, got {quota_bytes}")
+        self.quota_bytes = quota_bytes
+        self._clock = clock
+        self._token = token
+        self._lock = threading.RLock()
+        self._index: dict[str, _Entry] = {}
+        self._open: set[str] = set()
+        try:
+            root.mkdir(mode=0o750, parents=True, exist_ok=True)
+            self.root = root.resolve(strict=True)
+        except OSError as err:
+            raise CaptureStoreError(f"cannot create the capture store {root}: {err.strerror or err}") from err
+        if not self.root.is_dir():
+            raise CaptureStoreError(f"the capture store {root} is not a directory")
+        self._lock_fd = self._take_lock()
+        try:
+            self._staging_root = self._private_dir(STAGING_DIR)
+            self._trash = self._private_dir(TRASH_DIR)
+            self._recover()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the store's lock (another CaptureStore may then open the root)."""
+        with self._lock:
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+
+    def __enter__(self) -> CaptureStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _take_lock(self) -> int:
+        path = self.root / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as err:
+            raise CaptureStoreError(f"cannot open {path}: {err.strerror or err}") from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise CaptureStoreError(f"the capture store {self.root} is in use by another gpuscope "
+                                        "agent (its .lock is held)") from None
+            raise CaptureStoreError(f"cannot lock {path}: {err.strerror or err}") from err
+        return fd
+
+    def _private_dir(self, name: str) -> Path:
+        path = self.root / name
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as err:
+            raise CaptureStoreError(f"cannot create {path}: {err.strerror or err}") from err
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode):
+            raise CaptureStoreError(f"{path} is not a directory (a symlink or a file); refusing to use it")
+        return path
+
+    def _recover(self) -> None:
+        """At start-up: drop leftovers of a crash (staging, trash, capture directories without a valid
+        capture.json) and index the complete captures. Entries not named like captures are left alone."""
+        for leftover in (self._staging_root, self._trash):
+            for entry in os.scandir(leftover):
+                _log.info("removing %s, left over from an interrupted capture", entry.path)
+                _remove(Path(entry.path))
+        for entry in os.scandir(self.root):
+            if entry.name.startswith("."):
+                continue
+            try:
+                check_capture_id(entry.name)
+            except CaptureIdError:
+                _log.warning("ignoring %s in the capture store: not a capture", entry.path)
+                continue
+            path = Path(entry.path)
+            if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
+                _log.warning("removing %s from the capture store: not a directory (a symlink?)", path)
+                _remove(path)
+                continue
+            try:
+                self._index[entry.name] = self._load(entry.name, path)
+            except (CaptureStoreError, CaptureRecordError, OSError) as err:
+                _log.warning("removing %s from the capture store: %s", path, err)
+                self._delete_dir(path)
+
+    def _load(self, capture_id: str, path: Path) -> _Entry:
+        files, disk_bytes = _scan(path)
+        if not any(f.relative == RECORD_FILE for f in files):
+            raise CaptureStoreError(f"no {RECORD_FILE}")
+        record = record_from_bytes(_read_nofollow(path / RECORD_FILE))
+        if record.id != capture_id:
+            raise CaptureStoreError(f"{RECORD_FILE} names capture {record.id!r}, not {capture_id!r}")
+        return _Entry(record, disk_bytes)
+
+    # -- writing -------------------------------------------------------------------------------------
+
+    def begin(self, *, gpu: int | None = None, pid: int | None = None) -> Staging:
+        """A new capture id and its private staging directory (``gpu`` or ``pid`` goes into the id)."""
+        with self._lock:
+            self._check_open()
+            for _ in range(16):
+                now = self._clock()
+                capture_id = new_capture_id(now, gpu=gpu, pid=pid, token=self._token())
+                if capture_id in self._index or capture_id in self._open:
+                    continue
+                path = self._staging_root / capture_id
+                try:
+                    os.mkdir(path, 0o700)
+                except FileExistsError:
+                    continue
+                except OSError as err:
+                    raise CaptureStoreError(f"cannot create {path}: {err.strerror or err}") from err
+                self._open.add(capture_id)
+                return Staging(self, capture_id, path, now)
+        raise CaptureStoreError("could not find an unused capture id (16 tries)")
+
+    def abort(self, staging: Staging) -> None:
+        """Drop a capture in progress and its files. Safe to call twice, or after commit."""
+        with self._lock:
+            if staging._store is not self or staging.id not in self._open:
+                return
+            self._open.discard(staging.id)
+        _remove(staging.path)
+
+    def commit(self, staging: Staging, record: CaptureRecord) -> CaptureRecord:
+        """Publish a capture: the staging files plus capture.json, atomically, within the quota.
+
+        ``record.bytes`` and ``record.files`` are replaced by what the staging directory holds (the
+        files' sizes; capture.json not counted). Returns the record as stored. The staging directory
+        is consumed whatever happens: on any error it is removed, and nothing already in the store is
+        touched unless the capture was published (only then are older captures evicted).
+        """
+        with self._lock:
+            if staging._store is not self or staging.id not in self._open:
+                raise CaptureStoreError(f"capture {staging.id} is not in progress in this store "
+                                        "(already committed or aborted?)")
+        try:
+            if record.id != staging.id:
+                raise CaptureStoreError(f"the record's id {record.id!r} is not the staging id {staging.id!r}")
+            published = self._commit(staging, record)
+        except BaseException:
+            self.abort(staging)
+            raise
+        with self._lock:
+            self._open.discard(staging.id)
+        return published
+
+    def _commit(self, staging: Staging, record: CaptureRecord) -> CaptureRecord:
+        info = os.lstat(staging.path)
+        if not stat.S_ISDIR(info.st_mode):
+            raise CaptureStoreError(f"{staging.path} is no longer a directory")
+        files, data_bytes = _scan(staging.path)
+        data = [f for f in files if f.relative != RECORD_FILE]
+        data_bytes = sum(f.size for f in data)
+        final = replace(record, bytes=data_bytes, files=tuple(f.relative for f in data))
+        payload = record_to_bytes(final)
+        size = data_bytes + len(payload)
+        if size > self.quota_bytes:
+            raise CaptureQuotaError(
+                f"capture {record.id} is {_human(size)}, larger than the whole store quota of "
+                f"{_human(self.quota_bytes)} (capture.store.quota_bytes); it was not stored and no "
+                "other capture was evicted")
+        try:
+            for f in data:
+                _fsync_path(f.path, directory=False)
+            for directory in _directories(staging.path):
+                _fsync_path(directory, directory=True)
+            _write_record(staging.path / RECORD_FILE, payload)
+        except OSError as err:
+            raise CaptureStoreError(f"cannot write capture {record.id}: {err.strerror or err}") from err
+        with self._lock:
+            self._check_open()
+            self._make_room(size)
+            target = self.root / staging.id
+            try:
+                os.rename(staging.path, target)
+                _fsync_path(self.root, directory=True)
+                _fsync_path(self._staging_root, directory=True)
+            except OSError as err:
+                raise CaptureStoreError(f"cannot publish capture {record.id}: {err.strerror or err}") from err
+            self._index[staging.id] = _Entry(final, size)
+        return final
+
+    def _make_room(self, size: int) -> None:
+        """Evict the oldest captures until ``size`` more bytes fit in the quota (lock held)."""
+        oldest_first = sorted(self._index.values(), key=lambda e: (e.record.start, e.record.id))
+        total = self.total_bytes()
+        for entry in oldest_first:
+            if total + size <= self.quota_bytes:
+                break
+            _log.info("evicting capture %s (%s) to stay within the quota", entry.record.id,
+                      _human(entry.disk_bytes))
+            self._delete(entry.record.id)
+            total -= entry.disk_bytes
+
+    def delete(self, capture_id: str) -> None:
+        """Remove a complete capture (CaptureIdError, CaptureNotFoundError)."""
+        check_capture_id(capture_id)
+        with self._lock:
+            if capture_id not in self._index:
+                raise CaptureNotFoundError(f"no capture {capture_id!r} in the store")
+            self._delete(capture_id)
+
+    def _delete(self, capture_id: str) -> None:
+        self._index.pop(capture_id, None)
+        self._delete_dir(self.root / capture_id)
+
+    def _delete_dir(self, path: Path) -> None:
+        """Move ``path`` out of the listing in one rename, then remove it (never follows symlinks)."""
+        trash = self._trash / path.name
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            _log.warning("cannot move %s to %s: %s; removing it in place", path, trash, err)
+            trash = path
+        _remove(trash)
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    def list(self) -> builtins.list[CaptureRecord]:
+        """The complete captures, newest first."""
+        with self._lock:
+            entries = list(self._index.values())
+        entries.sort(key=lambda e: (e.record.start, e.record.id), reverse=True)
+        return [e.record for e in entries]
+
+    def get(self, capture_id: str) -> CaptureRecord:
+        """The record of a complete capture; CaptureIdError for a malformed id, CaptureNotFoundError."""
+        return self._entry(capture_id).record
+
+    def path(self, capture_id: str) -> Path:
+        """The directory of a complete capture (same errors as ``get``)."""
+        self._entry(capture_id)
+        return self.root / capture_id
+
+    def files(self, capture_id: str) -> builtins.list[StoredFile]:
+        """The files of a complete capture, capture.json included, sorted by relative path, for
+        streaming. CaptureStoreError if the directory holds a symlink or a special file."""
+        self._entry(capture_id)
+        files, _ = _scan(self.root / capture_id)
+        for f in files:  # belt and braces: _scan never follows a link, so this cannot fire
+            if not f.path.resolve().is_relative_to(self.root / capture_id):
+                raise CaptureStoreError(f"{f.relative} of capture {capture_id} resolves outside it")
+        return files
+
+    def total_bytes(self) -> int:
+        """Disk bytes of the complete captures (their files and capture.json)."""
+        with self._lock:
+            return sum(e.disk_bytes for e in self._index.values())
+
+    def last_start(self, outcome: Outcome | None = "captured") -> float | None:
+        """Start time of the newest stored capture with this outcome (any outcome: None); None if none."""
+        with self._lock:
+            starts = [e.record.start for e in self._index.values()
+                      if outcome is None or e.record.outcome == outcome]
+        return max(starts, default=None)
+
+    def _entry(self, capture_id: str) -> _Entry:
+        check_capture_id(capture_id)
+        with self._lock:
+            entry = self._index.get(capture_id)
+            if entry is None:
+                raise CaptureNotFoundError(f"no capture {capture_id!r} in the store")
+            try:
+                info = os.lstat(self.root / capture_id)
+            except FileNotFoundError:
+                self._index.pop(capture_id, None)  # removed by hand
+                raise CaptureNotFoundError(f"capture {capture_id!r} is gone from the store") from None
+            if not stat.S_ISDIR(info.st_mode):
+                raise CaptureStoreError(f"{self.root / capture_id} is not a directory (a symlink?); "
+                                        "refusing it")
+            return entry
+
+    def _check_open(self) -> None:
+        if self._lock_fd < 0:
+            raise CaptureStoreError(f"the capture store {self.root} is closed")
+
+
+def new_capture_id(now: float, *, gpu: int | None = None, pid: int | None = None, token: str) -> str:
+    """``yyyymmddThhmmssZ-gpuN-xxxxxx`` (UTC); ``pidN`` when there is no GPU, ``node`` with neither."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    who = f"gpu{gpu}" if gpu is not None else f"pid{pid}" if pid is not None else "node"
+    return check_capture_id(f"{stamp}-{who}-{token}")
+
+
+# -- file helpers --------------------------------------------------------------------------------------
+
+
+def _scan(top: Path) -> tuple[list[StoredFile], int]:
+    """Every regular file under ``top`` (sorted), and their total size; CaptureStoreError on a symlink,
+    a special file, too deep a tree or too many files. Never follows a link."""
+    found: list[StoredFile] = []
+
+    def walk(directory: Path, prefix: str, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise CaptureStoreError(f"{directory} is nested more than {MAX_DEPTH} levels deep")
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                relative = prefix + entry.name
+                if entry.is_symlink():
+                    raise CaptureStoreError(f"symlink {relative} inside the capture store; refusing it")
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    walk(Path(entry.path), relative + "/", depth + 1)
+                elif stat.S_ISREG(info.st_mode):
+                    found.append(StoredFile(relative, Path(entry.path), info.st_size))
+                    if len(found) > MAX_FILES:
+                        raise CaptureStoreError(f"more than {MAX_FILES} files in {top}")
+                else:
+                    raise CaptureStoreError(f"{relative} inside the capture store is not a regular file")
+
+    walk(top, "", 0)
+    found.sort(key=lambda f: f.relative)
+    return found, sum(f.size for f in found)
+
+
+def _directories(top: Path) -> Iterator[Path]:
+    """``top`` and its sub-directories, deepest first (for fsync before the parent's)."""
+    for dirpath, _, _ in sorted(os.walk(top, followlinks=False), key=lambda w: -len(w[0])):
+        yield Path(dirpath)
+
+
+def _fsync_path(path: Path, *, directory: bool) -> None:
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if directory else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_record(path: Path, payload: bytes) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a backend's stray capture.json (never a link: _scan refused those)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    try:
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_nofollow(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(2 << 20)
+
+
+def _remove(path: Path) -> None:
+    """Remove a file, a link (not its target) or a directory tree (links inside removed, not followed)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    try:
+        if stat.S_ISDIR(info.st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except OSError as err:
+        _log.warning("cannot remove %s: %s", path, err)
+
+
+def _human(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    value = float(size)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+    return f"{value / 1024:.1f} TiB"

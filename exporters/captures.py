@@ -1,0 +1,71 @@
+"""Prometheus exposition of the agent's captures, as a custom ``prometheus_client`` collector.
+
+Each scrape reads what the CaptureStats source reports now. The catalogue entries are in
+docs/metrics.md ("Captures").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuscope.capture.model import Outcome, TriggerKind
+
+CAPTURE_LABELS = ("trigger", "outcome")
+
+
+class CaptureStats(Protocol):
+    """The capture machinery as the metrics see it; every method is safe from any thread."""
+
+    def capture_counts(self) -> Mapping[tuple[TriggerKind, Outcome], int]:
+        """(trigger kind, outcome) -> captures that ended so, since the agent started (policy refusals
+        included, with outcome ``refused``)."""
+        ...
+
+    def store_bytes(self) -> int | None:
+        """Bytes the capture store holds now; None when there is no store (captures disabled)."""
+        ...
+
+    def last_capture_timestamp(self) -> float | None:
+        """Unix time at which the newest stored capture with a trace started; None if there is none."""
+        ...
+
+
+class CaptureCollector(Collector):
+    """Collects ``gpuscope_captures_total``, ``gpuscope_capture_store_bytes`` and
+    ``gpuscope_capture_last_timestamp_seconds`` from ``source``."""
+
+    def __init__(self, source: CaptureStats) -> None:
+        self._source = source
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # registration must not read the store
+
+    def collect(self) -> Iterable[Metric]:
+        families: list[Metric] = []
+        counts = sorted(self._source.capture_counts().items())
+        if counts:
+            counter = CounterMetricFamily(
+                "gpuscope_captures",
+                "Profiler captures since the agent started, by what triggered them and how they ended, "
+                "in captures.",
+                labels=CAPTURE_LABELS)
+            for (trigger, outcome), count in counts:
+                counter.add_metric((trigger, outcome), float(count))
+            families.append(counter)
+        stored = self._source.store_bytes()
+        if stored is not None:
+            families.append(GaugeMetricFamily(
+                "gpuscope_capture_store_bytes",
+                "Disk space used by the stored captures (traces and records), in bytes.",
+                value=float(stored), unit="bytes"))
+        last = self._source.last_capture_timestamp()
+        if last is not None:
+            families.append(GaugeMetricFamily(
+                "gpuscope_capture_last_timestamp_seconds",
+                "Unix time at which the newest stored capture with a trace started, in seconds.",
+                value=last, unit="seconds"))
+        return families

@@ -1,0 +1,122 @@
+"""The `capture:` configuration section: defaults, sizes and durations, and bad values refused by path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpuscope.alerts.rules import RULE_TYPES
+from gpuscope.capture.config import DEFAULT_RULE_CAPTURE, CaptureConfig, StaticTarget, parse_address
+from gpuscope.config import format_errors
+
+
+class Root(BaseModel):
+    """The settings' shape around the section, so that error paths start at `capture`."""
+
+    model_config = ConfigDict(extra="forbid")
+    capture: CaptureConfig = CaptureConfig()
+
+
+def load(capture: dict[str, Any]) -> CaptureConfig:
+    return Root.model_validate({"capture": capture}).capture
+
+
+def problems(capture: dict[str, Any]) -> list[str]:
+    with pytest.raises(ValidationError) as caught:
+        Root.model_validate({"capture": capture})
+    return format_errors(caught.value)
+
+
+def test_defaults() -> None:
+    config = CaptureConfig()
+    assert config.enabled is True
+    assert config.store.root == Path("/var/lib/gpuscope/captures")
+    assert config.store.quota_bytes == 2 * 2**30
+    assert (config.duration, config.max_duration, config.cooldown) == (2.0, 30.0, 900.0)
+    assert config.hourly_budget == 6
+    assert config.deadline_margin == 10.0
+    assert config.profiler_ports == [6009]
+    assert config.targets == [] and config.rules == {}
+    assert set(DEFAULT_RULE_CAPTURE) == set(RULE_TYPES)
+    assert {name for name in RULE_TYPES if config.rule_captures(name)} == {
+        "GpuLowUtilization", "GpuFrequentIdleDips", "GpuUtilizationSkew", "GpuBusyButStalled"}
+    assert config.rule_captures("NotARule") is False
+
+
+def test_values_as_people_write_them() -> None:
+    config = load({
+        "store": {"root": "/data/captures", "quota_bytes": "512MiB"},
+        "duration": "5s", "max_duration": "20s", "cooldown": "1h", "hourly_budget": 2,
+        "deadline_margin": "30s",
+        "rules": {"GpuThrottled": True, "GpuLowUtilization": False},
+        "profiler_ports": [6009, 9012],
+        "targets": [{"address": "10.0.0.7:6009", "gpu": 0}, {"address": "[fd00::7]:9012", "all": True},
+                    {"address": "trainer-0.svc:6009", "uuid": "GPU-abc"}, {"address": "h:1", "pid": 42}],
+    })
+    assert config.store.root == Path("/data/captures")
+    assert config.store.quota_bytes == 512 * 2**20
+    assert (config.duration, config.max_duration) == (5, 20)
+    assert (config.cooldown, config.deadline_margin) == (3600, 30)
+    assert config.rule_captures("GpuThrottled") and not config.rule_captures("GpuLowUtilization")
+    assert config.rule_captures("GpuBusyButStalled"), "rules not named keep their default"
+    assert config.targets[1] == StaticTarget(address="[fd00::7]:9012", all=True)
+    assert load({"store": {"quota_bytes": "1.5GB"}}).store.quota_bytes == 1_500_000_000
+    assert load({"store": {"quota_bytes": 4 * 2**20}}).store.quota_bytes == 4 * 2**20
+
+
+@pytest.mark.parametrize(("capture", "expected"), [
+    ({"rules": {"GpuLowUtilisation": True}},
+     "capture.rules: Value error, unknown alert rule 'GpuLowUtilisation'; the rules are GpuLowUtilization"),
+    ({"duration": "45s"}, "capture: Value error, duration (45s) must not be longer than max_duration (30s)"),
+    ({"max_duration": "1m"}, "capture.max_duration: Input should be less than or equal to 30"),
+    ({"duration": "10s", "max_duration": "5s"},
+     "capture: Value error, duration (10s) must not be longer than max_duration (5s)"),
+    ({"duration": 0}, "capture.duration: Input should be greater than 0"),
+    ({"duration": "2 minutes"}, "capture.duration: Value error, expected a duration such as"),
+    ({"cooldown": -1}, "capture.cooldown: Value error, a duration must be a finite number of seconds >= 0"),
+    ({"hourly_budget": 0}, "capture.hourly_budget: Input should be greater than or equal to 1"),
+    ({"store": {"quota_bytes": "2 parsecs"}}, "capture.store.quota_bytes: Value error, expected a size"),
+    ({"store": {"quota_bytes": "10KiB"}}, "capture.store.quota_bytes: Input should be greater than or equal"),
+    ({"store": {"quota": "1GiB"}}, "capture.store.quota: unknown key"),
+    ({"profiler_ports": [0]}, "capture.profiler_ports.0: Value error, a port must be from 1 to 65535, got 0"),
+    ({"profiler_ports": [6009, 70000]},
+     "capture.profiler_ports.1: Value error, a port must be from 1 to 65535"),
+    ({"profiler_ports": [6009, 6009]}, "capture.profiler_ports: Value error, a port is listed twice"),
+    ({"profiler_ports": "6009"}, "capture.profiler_ports: Input should be a valid list"),
+    ({"targets": [{"address": "10.0.0.7:6009"}]},
+     "capture.targets.0: Value error, name exactly one of gpu, uuid, pid or all: true"),
+    ({"targets": [{"address": "10.0.0.7:6009", "gpu": 0, "all": True}]},
+     "capture.targets.0: Value error, name exactly one of gpu, uuid, pid or all: true (got gpu, all)"),
+    ({"targets": [{"address": "10.0.0.7", "gpu": 0}]},
+     "capture.targets.0.address: Value error, expected host:port, got '10.0.0.7'"),
+    ({"targets": [{"address": "fd00::7:6009", "gpu": 0}]},
+     "capture.targets.0.address: Value error, write an IPv6 address in brackets"),
+    ({"targets": [{"address": "host:99999", "gpu": 0}]},
+     "capture.targets.0.address: Value error, the port must be a number from 1 to 65535, got '99999'"),
+    ({"targets": [{"address": "host:6009", "gpu": -1}]},
+     "capture.targets.0.gpu: Input should be greater than or equal to 0"),
+    ({"targets": [{"address": "host:6009", "gpu": 0, "port": 1}]}, "capture.targets.0.port: unknown key"),
+    ({"enable": True}, "capture.enable: unknown key"),
+])
+def test_bad_values_are_refused_by_path(capture: dict[str, Any], expected: str) -> None:
+    found = problems(capture)
+    assert any(line.startswith(expected) for line in found), found
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("127.0.0.1:6009", ("127.0.0.1", 6009)),
+    ("trainer-0.ns.svc.cluster.local:9012", ("trainer-0.ns.svc.cluster.local", 9012)),
+    ("[::1]:6009", ("::1", 6009)),
+])
+def test_parse_address(text: str, expected: tuple[str, int]) -> None:
+    assert parse_address(text) == expected
+
+
+@pytest.mark.parametrize("text", [":6009", "host:", "host:port", "[::1]6009", "[nothost]:1", "h\u00f6st:1",
+                                  "a b:1", "host:+1", "host:\u0661"])
+def test_parse_address_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match=r"expected|port|address|brackets|not a host"):
+        parse_address(text)
