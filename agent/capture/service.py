@@ -1,0 +1,254 @@
+"""The capture service: one worker thread turns triggers into stored captures.
+
+Alert transitions (from the sampler thread), webhook alerts and user requests (from HTTP and control
+API threads) are queued; the worker runs them one at a time through policy -> target resolution ->
+backends -> store. Nothing on the sampling or scraping path waits for a capture: alert triggers are
+fire-and-forget, and only a user who asked for a capture waits for its record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuscope.alerts.model import Transition
+from gpuscope.capture.model import (
+    BackendResult,
+    CaptureBackend,
+    CaptureRecord,
+    CaptureTarget,
+    Outcome,
+    TargetOutcome,
+    Trigger,
+    TriggerKind,
+    best_outcome,
+)
+from gpuscope.capture.policy import CapturePolicy, Decision
+from gpuscope.capture.store import CaptureQuotaError, CaptureStore, CaptureStoreError, new_capture_id
+from gpuscope.capture.targets import TargetResolver
+from gpuscope.snapshot import GpuReading, Snapshot
+
+log = logging.getLogger(__name__)
+
+_QUEUE_LIMIT = 64  # triggers waiting; more than this while a capture runs means a storm: drop
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureRequest:
+    trigger: Trigger
+    gpu: int | None = None
+    uuid: str | None = None
+    pid: int | None = None
+    target: str | None = None  # an explicit "host:port" ProfilerService (user requests)
+    duration_s: float | None = None
+    start_at: float | None = None  # wall clock: fleet captures start together
+
+
+class CaptureService:
+    """Implements the exporter's CaptureStats too (counts, store size, last capture)."""
+
+    def __init__(self, *, store: CaptureStore, policy: CapturePolicy, resolver: TargetResolver,
+                 backends: Mapping[str, CaptureBackend], snapshots: Callable[[], Snapshot | None],
+                 hostname: str, deadline_margin_s: float,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._policy = policy
+        self._resolver = resolver
+        self._backends = dict(backends)
+        self._snapshots = snapshots
+        self._hostname = hostname
+        self._margin = deadline_margin_s
+        self._wall_clock = wall_clock
+        self._queue: queue.Queue[tuple[CaptureRequest, Future[CaptureRecord]] | None] = queue.Queue(
+            _QUEUE_LIMIT)
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, str], int] = {}
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ triggers
+
+    def on_transition(self, transition: Transition) -> None:
+        """Alert listener (sampler thread): a rule that starts firing asks for a capture of its GPU."""
+        if transition.state != "firing":
+            return
+        self.submit(CaptureRequest(Trigger("alert", alertname=transition.name), gpu=transition.gpu,
+                                   uuid=transition.uuid))
+
+    def submit(self, request: CaptureRequest) -> Future[CaptureRecord]:
+        """Queue a capture; the future resolves to its record (refused ones included). Never blocks."""
+        future: Future[CaptureRecord] = Future()
+        try:
+            self._queue.put_nowait((request, future))
+        except queue.Full:
+            record = self._refused(request, "too many captures queued; this trigger was dropped")
+            future.set_result(record)
+        return future
+
+    def capture(self, request: CaptureRequest, timeout: float | None = None) -> CaptureRecord:
+        """Queue a capture and wait for its record (user, fleet and control API requests)."""
+        return self.submit(request).result(timeout)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="gpuscope-capture", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop after the capture in progress (if any); queued triggers are dropped."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[1].set_result(self._refused(item[0], "the agent is stopping"))
+        with contextlib.suppress(queue.Full):  # just emptied: only a racing submit could fill it
+            self._queue.put_nowait(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------ CaptureStats
+
+    def capture_counts(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def store_bytes(self) -> int | None:
+        return self._store.total_bytes()
+
+    def last_capture_timestamp(self) -> float | None:
+        return self._store.last_start()
+
+    # ------------------------------------------------------------ the worker
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            request, future = item
+            try:
+                record = self._capture(request)
+            except Exception as err:  # a bug here must not end the worker
+                log.exception("capture failed")
+                record = self._record(request, "failed", error=f"internal error: {err}")
+                self._count(request.trigger.kind, "failed")
+            future.set_result(record)
+
+    def _capture(self, request: CaptureRequest) -> CaptureRecord:
+        gpu_reading = self._gpu(request)
+        gpu = gpu_reading.index if gpu_reading is not None else request.gpu
+        decision = self._policy.admit(request.trigger, gpu, duration_s=request.duration_s)
+        if not decision.allowed:
+            log.info("capture refused (%s, GPU %s): %s", request.trigger.kind, gpu, decision.reason)
+            return self._refused(request, decision.reason, gpu=gpu)
+        targets, pids = self._targets(request, gpu_reading)
+        if not targets:
+            self._policy.release(decision, refund=True)
+            return self._not_taken(request, decision, gpu, pids,
+                                   error="no profiling endpoint found for the processes on this GPU "
+                                         "(see docs/capture.md: make the job capturable)")
+        staging = self._store.begin(gpu=gpu, pid=request.pid)
+        try:
+            if request.start_at is not None:  # fleet: start with the other nodes
+                time.sleep(max(0.0, min(request.start_at - self._wall_clock(), 60.0)))
+            start = self._wall_clock()
+            outcomes = tuple(self._run_backend(t, decision, staging.path, staging.run) for t in targets)
+            record = self._record(request, best_outcome([o.outcome for o in outcomes]), gpu=gpu, pids=pids,
+                                  targets=outcomes, start=start, duration_s=decision.duration_s,
+                                  capture_id=staging.id,
+                                  error="; ".join(o.error for o in outcomes if o.error) or None)
+            try:
+                record = self._store.commit(staging, record)
+            except CaptureQuotaError as err:
+                record = self._record(request, "refused", gpu=gpu, pids=pids, targets=outcomes,
+                                      start=start, duration_s=decision.duration_s, error=str(err))
+            except CaptureStoreError as err:
+                record = self._record(request, "failed", gpu=gpu, pids=pids, targets=outcomes,
+                                      start=start, duration_s=decision.duration_s, error=str(err))
+        except BaseException:
+            self._store.abort(staging)
+            raise
+        finally:
+            self._policy.release(decision)
+        self._count(request.trigger.kind, record.outcome)
+        log.info("capture %s: %s (GPU %s, %s)", record.id, record.outcome, gpu,
+                 ", ".join(o.target.describe() for o in record.targets))
+        return record
+
+    def _run_backend(self, target: CaptureTarget, decision: Decision, staging_path: Path,
+                     run: str) -> TargetOutcome:
+        backend = self._backends.get(target.kind)
+        if backend is None:
+            return TargetOutcome(target, "failed", error=f"no {target.kind} backend in this agent")
+        result: BackendResult = backend.capture(target, decision.duration_s, staging_path,
+                                                run=run, deadline_s=decision.duration_s + self._margin)
+        return TargetOutcome(target, result.outcome, result.files, result.error)
+
+    def _gpu(self, request: CaptureRequest) -> GpuReading | None:
+        snapshot = self._snapshots()
+        if snapshot is None:
+            return None
+        for gpu in snapshot.gpus:
+            if request.uuid:
+                if gpu.uuid == request.uuid:
+                    return gpu
+            elif request.gpu is not None:
+                if gpu.index == request.gpu:
+                    return gpu
+            elif request.pid is not None and any(p.pid == request.pid for p in gpu.processes):
+                return gpu
+        return None
+
+    def _targets(self, request: CaptureRequest,
+                 gpu: GpuReading | None) -> tuple[list[CaptureTarget], tuple[int, ...]]:
+        if request.target is not None:
+            return [CaptureTarget("tsl", request.pid, request.target, source="request")], \
+                (() if request.pid is None else (request.pid,))
+        if request.pid is not None:
+            return self._resolver.resolve_pid(request.pid), (request.pid,)
+        if gpu is None:
+            return [], ()
+        return self._resolver.resolve(gpu), tuple(p.pid for p in gpu.compute_processes)
+
+    # ------------------------------------------------------------ records
+
+    def _not_taken(self, request: CaptureRequest, decision: Decision, gpu: int | None,
+                   pids: tuple[int, ...], *, error: str) -> CaptureRecord:
+        record = self._record(request, "unreachable", gpu=gpu, pids=pids, duration_s=decision.duration_s,
+                              error=error)
+        self._count(request.trigger.kind, record.outcome)
+        log.info("capture not taken (GPU %s): %s", gpu, error)
+        return record
+
+    def _refused(self, request: CaptureRequest, reason: str, *, gpu: int | None = None) -> CaptureRecord:
+        self._count(request.trigger.kind, "refused")
+        return self._record(request, "refused", gpu=gpu if gpu is not None else request.gpu, error=reason)
+
+    def _record(self, request: CaptureRequest, outcome: Outcome, *, gpu: int | None = None,
+                pids: tuple[int, ...] = (), targets: tuple[TargetOutcome, ...] = (),
+                start: float | None = None, duration_s: float | None = None, error: str | None = None,
+                capture_id: str | None = None) -> CaptureRecord:
+        now = self._wall_clock()
+        return CaptureRecord(
+            # Records that are never stored (refusals) still get a well-formed, unique id.
+            id=capture_id or new_capture_id(now, gpu=gpu, pid=request.pid, token=secrets.token_hex(3)),
+            trigger=request.trigger, gpu=gpu if gpu is not None else request.gpu,
+            pids=pids or ((request.pid,) if request.pid is not None else ()), targets=targets,
+            start=start if start is not None else now, duration_s=duration_s or request.duration_s or 0.0,
+            bytes=0, outcome=outcome, error=error, hostname=self._hostname,
+        )
+
+    def _count(self, trigger: TriggerKind, outcome: str) -> None:
+        with self._lock:
+            key = (trigger, outcome)
+            self._counts[key] = self._counts.get(key, 0) + 1

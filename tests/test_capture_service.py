@@ -1,0 +1,112 @@
+"""End to end on simulated time: a rule fires on the GPU where a real JAX process "runs"; the agent
+captures it once, stores the trace with the alert's name, and respects the cooldown next time."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_alert_scenarios import ManualClock
+from test_capture_tsl import Workload, start_workload, stop, wait_ready
+
+from gpuscope.alerts.engine import AlertEngine
+from gpuscope.alerts.model import Transition
+from gpuscope.alerts.rules_config import RulesConfig, build_rules
+from gpuscope.capture.config import CaptureConfig
+from gpuscope.capture.model import Trigger
+from gpuscope.capture.policy import CapturePolicy
+from gpuscope.capture.records import record_from_bytes
+from gpuscope.capture.service import CaptureRequest, CaptureService
+from gpuscope.capture.store import CaptureStore
+from gpuscope.capture.targets import TargetResolver
+from gpuscope.capture.tsl import TslProfilerBackend
+from gpuscope.generated.tsl import xplane_pb2
+from gpuscope.nvml import Nvml
+from gpuscope.processes import ProcessInspector
+from gpuscope.sampler import Sampler
+from gpuscope.simulate import Simulation
+from gpuscope.simulate.loader import parse_scenario
+
+
+@pytest.fixture(scope="module")
+def jax_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workload]:
+    if not os.environ.get("CI"):
+        pytest.importorskip("jax")
+    workload = start_workload(tmp_path_factory.mktemp("jax"), idle=False)
+    try:
+        wait_ready(workload)
+        yield workload
+    finally:
+        stop(workload)
+
+
+def scenario_for(pid: int) -> str:
+    # GPU 1 is where the JAX job "runs": its real pid, at 55 % utilization (GpuLowUtilization).
+    return f"""
+name: capture-e2e
+duration: 20m
+gpus:
+  - utilization: 0.95
+    processes: [{{name: train-rank0, spawn: true, memory: 60GiB}}]
+  - utilization: 0.55
+    processes: [{{name: jax-job, pid: {pid}, memory: 40GiB}}]
+"""
+
+
+def test_an_alert_captures_the_jax_job_once_then_cooldown(jax_job: Workload, tmp_path: Path) -> None:
+    clock = ManualClock()
+    config = CaptureConfig.model_validate({"store": {"root": str(tmp_path / "captures")},
+                                           "profiler_ports": [jax_job.port], "duration": "1s"})
+    store = CaptureStore(tmp_path / "captures", quota_bytes=config.store.quota_bytes)
+    policy = CapturePolicy(config, clock=clock)
+    simulation = Simulation(parse_scenario(scenario_for(jax_job.proc.pid), source="capture-e2e"),
+                            clock=clock)
+    simulation.install()
+    sampler = Sampler(Nvml(clock=clock), ProcessInspector(host_pid_namespace=True), clock=clock,
+                      wall_clock=lambda: 1.7e9 + clock.now, hostname="sim-node")
+    service = CaptureService(store=store, policy=policy,
+                             resolver=TargetResolver(profiler_ports=config.profiler_ports, static_targets=[]),
+                             backends={"tsl": TslProfilerBackend()}, snapshots=sampler.latest,
+                             hostname="sim-node", deadline_margin_s=config.deadline_margin)
+    engine = AlertEngine(build_rules(RulesConfig()), hostname="sim-node")
+    sampler.add_listener(engine.on_snapshot)
+    firing: list[Transition] = []
+    engine.add_listener(lambda t: firing.append(t) if t.state == "firing" else None)
+    engine.add_listener(service.on_transition)
+    service.start()
+    try:
+        while not firing and clock.now < 600:
+            sampler.tick()
+            clock.now += 1.0
+        low = [t for t in firing if t.name == "GpuLowUtilization"]
+        assert low and low[0].gpu == 1, firing
+        deadline = time.monotonic() + 90  # the capture runs on the worker thread
+        while not store.list() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        captures = store.list()
+        assert len(captures) == 1, (captures, service.capture_counts())
+        record = captures[0]
+        assert record.trigger.kind == "alert" and record.trigger.alertname == "GpuLowUtilization"
+        assert record.gpu == 1 and jax_job.proc.pid in record.pids and record.outcome == "captured"
+        (xplane,) = [f for f in record.files if f.endswith(".xplane.pb")]
+        space = xplane_pb2.XSpace.FromString((store.path(record.id) / xplane).read_bytes())
+        assert space.planes
+        on_disk = record_from_bytes((store.path(record.id) / "capture.json").read_bytes())
+        assert on_disk.id == record.id and on_disk.trigger.alertname == "GpuLowUtilization"
+
+        # The next firing on that GPU, inside the 15-minute cooldown, is refused and stores nothing.
+        refused_before = service.capture_counts().get(("alert", "refused"), 0)
+        again = service.submit(CaptureRequest(Trigger("alert", alertname="GpuLowUtilization"), gpu=1))
+        assert again.result(timeout=60).outcome == "refused"
+        assert len(store.list()) == 1
+        counts = service.capture_counts()
+        assert counts[("alert", "captured")] == 1
+        assert counts[("alert", "refused")] == refused_before + 1
+    finally:
+        service.stop()
+        sampler.stop()
+        simulation.uninstall()
+        store.close()
