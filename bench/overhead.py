@@ -116,6 +116,8 @@ def measure(interval: float, duration: float, scenario: str) -> dict[str, Any]:
             "rss_mib_peak": round(max(r for _, r in rss) / 2**20, 1),
             "rss_mib_end": round(rss[-1][1] / 2**20, 1),
             "rss_growth_mib_first_to_last_window": round((last - first) / 2**20, 2),
+            # One reading per minute: a cache filling up flattens out, a leak keeps climbing.
+            "rss_mib_by_minute": [round(r / 2**20, 1) for t, r in rss if int(t) % 60 == 0 or t == rss[-1][0]],
             "metrics_text_ms_p50": round(percentile(burst_text, 0.5) * 1000, 2),
             "metrics_text_ms_p99": round(percentile(burst_text, 0.99) * 1000, 2),
             "metrics_openmetrics_ms_p50": round(percentile(burst_om, 0.5) * 1000, 2),

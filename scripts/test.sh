@@ -4,13 +4,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Real Prometheus (and Alertmanager) for the end-to-end tests, from Debian's packages.
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
-   || ! command -v prometheus-alertmanager >/dev/null; then
+# From Debian's packages, each only where its command is missing: real Prometheus (and Alertmanager)
+# for the end-to-end tests; systemd-analyze and kubectl (kustomize) for tests/test_deploy.py.
+# Debian's kubernetes-client is kubectl 1.20, enough for deploy/kubernetes (kept to kustomize 2's
+# fields); a newer kubectl already on the machine is used as it is.
+packages=()
+command -v prometheus >/dev/null && command -v promtool >/dev/null || packages+=(prometheus)
+command -v prometheus-alertmanager >/dev/null || packages+=(prometheus-alertmanager)
+command -v systemd-analyze >/dev/null || packages+=(systemd)
+command -v kubectl >/dev/null || packages+=(kubernetes-client)
+if [ ${#packages[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-    prometheus prometheus-alertmanager >/dev/null
+    "${packages[@]}" >/dev/null
 fi
 
 python=${PYTHON:-python3}
