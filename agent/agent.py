@@ -17,8 +17,11 @@ from gpuscope.alerts.alertmanager import AlertmanagerNotifier, instance_label
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.eventlog import AlertEventLog
 from gpuscope.alerts.rules_config import build_rules
+from gpuscope.capture.factory import Captures, build_captures
+from gpuscope.capture.webhook import WebhookReceiver, this_node_hosts
 from gpuscope.config import Settings
 from gpuscope.exporters.alerts import AlertCollector
+from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.exporters.prometheus import GpuscopeCollector
 from gpuscope.http_server import AgentHttpServer
 from gpuscope.nvml import Nvml
@@ -70,8 +73,17 @@ class Agent:
             if alerting.event_log.path is not None:
                 self.event_log = AlertEventLog(alerting.event_log)
                 self.alerts.add_listener(self.event_log)
+        self.captures: Captures | None = build_captures(settings.capture, snapshots=self.sampler.latest,
+                                                        hostname=self.hostname)
+        self.webhook: WebhookReceiver | None = None
+        if self.captures is not None:
+            if self.alerts is not None:
+                self.alerts.add_listener(self.captures.service.on_transition)
+            self.registry.register(CaptureCollector(self.captures.service))
+            self.webhook = WebhookReceiver(self.captures.service.submit,
+                                           hosts=this_node_hosts(settings.node_name), port=None)
         self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler,
-                                    alerts=self.alerts)
+                                    alerts=self.alerts, webhook=self.webhook)
         self._stopped = False
 
     def start(self) -> None:
@@ -84,6 +96,10 @@ class Agent:
                 self.simulation.uninstall()
             raise
         host, port = self.http.bound_address[:2]
+        if self.webhook is not None:
+            self.webhook.port = port  # an alert's `instance` names this agent by its real port
+        if self.captures is not None:
+            self.captures.start()
         if self.alerts is not None and self.settings.alerting.alertmanager.url is not None:
             # Built once the port is bound: the alert's `instance` label names the real address.
             self.notifier = AlertmanagerNotifier(
@@ -112,6 +128,8 @@ class Agent:
             self.notifier.stop()
         if self.event_log is not None:
             self.event_log.close()
+        if self.captures is not None:
+            self.captures.stop()
         if self.simulation is not None:
             self.simulation.uninstall()
 

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from gpuscope.alerts.alertmanager import alertmanager_endpoint
 from gpuscope.alerts.config import AlertingConfig
 from gpuscope.alerts.rules_config import validate_against_interval
+from gpuscope.capture.config import CaptureConfig
 from gpuscope.durations import format_duration, parse_duration
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -69,6 +70,7 @@ class Settings(BaseSettings):
     idle_dips: IdleDipsConfig = IdleDipsConfig()
     nvml: NvmlConfig = NvmlConfig()
     alerting: AlertingConfig = AlertingConfig()
+    capture: CaptureConfig = CaptureConfig()
 
     @classmethod
     def settings_customise_sources(

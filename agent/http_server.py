@@ -56,6 +56,10 @@ _TEXT = "text/plain; charset=utf-8"
 _JSON = "application/json"
 
 _Response = tuple[str, list[tuple[str, str]], bytes]
+# POST /api/v1/alertmanager: the handler takes the body and returns (HTTP status line, JSON reply).
+WebhookHandler = Callable[[bytes], tuple[str, dict[str, Any]]]
+WEBHOOK_PATH = "/api/v1/alertmanager"
+WEBHOOK_MAX_BYTES = 1 << 20
 
 
 class ListenError(OSError):
@@ -192,10 +196,11 @@ class AgentHttpServer:
         source: SnapshotSource,
         clock: Callable[[], float] = time.monotonic,
         alerts: AlertSource | None = None,
+        webhook: WebhookHandler | None = None,
     ) -> None:
         self._address = listen_address
         self._host, self._port = parse_listen_address(listen_address)
-        self._app = _AgentApp(registry, source, clock, alerts)
+        self._app = _AgentApp(registry, source, clock, alerts, webhook)
         self._server: _ThreadingWsgiServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -238,7 +243,8 @@ class _AgentApp:
     """The WSGI application: routes a request to one small handler per endpoint."""
 
     def __init__(self, registry: CollectorRegistry, source: SnapshotSource, clock: Callable[[], float],
-                 alerts: AlertSource | None = None):
+                 alerts: AlertSource | None = None, webhook: WebhookHandler | None = None):
+        self._webhook = webhook
         self._registry = registry
         self._source = source
         self._clock = clock
@@ -257,7 +263,9 @@ class _AgentApp:
         path = environ.get("PATH_INFO") or "/"
         handler = self._routes.get(path)
         try:
-            if handler is None:
+            if path == WEBHOOK_PATH:
+                status, headers, body = self._alertmanager_webhook(environ, method)
+            elif handler is None:
                 status, headers, body = _text("404 Not Found", f"not found: {path}")
             elif method not in ("GET", "HEAD"):
                 status, headers, body = _text("405 Method Not Allowed", f"method {method} not allowed")
@@ -282,6 +290,24 @@ class _AgentApp:
             body = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
             headers.append(("Content-Encoding", "gzip"))
         return "200 OK", headers, body
+
+    def _alertmanager_webhook(self, environ: WSGIEnvironment, method: str) -> _Response:
+        """POST /api/v1/alertmanager: Alertmanager's webhook, a capture trigger (see capture/webhook.py)."""
+        if method != "POST":
+            status, headers, body = _text("405 Method Not Allowed", f"method {method} not allowed")
+            headers.append(("Allow", "POST"))
+            return status, headers, body
+        if self._webhook is None:
+            return _json("503 Service Unavailable", {"error": "captures are disabled on this agent"})
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            return _json("400 Bad Request", {"error": "invalid Content-Length"})
+        if length > WEBHOOK_MAX_BYTES:  # refused before reading it
+            return _json("413 Content Too Large",
+                         {"error": f"payload of {length} bytes exceeds the {WEBHOOK_MAX_BYTES}-byte limit"})
+        code, reply = self._webhook(environ["wsgi.input"].read(length))
+        return _json(code, reply)
 
     def _index(self, environ: WSGIEnvironment) -> _Response:
         return "200 OK", [("Content-Type", "text/html; charset=utf-8")], _INDEX_HTML
@@ -328,6 +354,10 @@ def _text(status: str, line: str) -> _Response:
     return status, [("Content-Type", _TEXT)], (line + "\n").encode()
 
 
+def _json(status: str, document: dict[str, Any]) -> _Response:
+    return status, [("Content-Type", _JSON)], json.dumps(document).encode()
+
+
 def _finite(obj: Any) -> Any:
     """``obj`` with NaN and infinities replaced by None."""
     if isinstance(obj, float):
@@ -351,6 +381,7 @@ _INDEX_HTML = f"""<!DOCTYPE html>
 <li><a href="/-/ready">/-/ready</a>: readiness (fresh snapshot, NVML up)</li>
 <li><a href="/api/v1/snapshot">/api/v1/snapshot</a>: the latest snapshot as JSON</li>
 <li><a href="/api/v1/alerts">/api/v1/alerts</a>: the agent's pending and firing alerts as JSON</li>
+<li><code>POST /api/v1/alertmanager</code>: Alertmanager webhook (v4), triggers captures</li>
 </ul>
 </body>
 </html>

@@ -406,6 +406,8 @@ class Nvml:
             data = pynvml.nvmlEventSetWait_v2(event_set, timeout_ms)
         except pynvml.NVMLError_Timeout:
             return None
+        except pynvml.NVMLError_Uninitialized as err:  # NVML was shut down under the waiting thread
+            raise NvmlUnavailable("NVML was shut down") from err
         if not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
             return None
         address = _handle_address(data.device)

@@ -6,7 +6,7 @@ import logging
 import threading
 from typing import Any
 
-from gpuscope.nvml import Nvml, NvmlDevice
+from gpuscope.nvml import Nvml, NvmlDevice, NvmlUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,9 @@ class XidWatcher:
         while not self._stop.is_set():
             try:
                 event = self._nvml.wait_xid(self._event_set, self._devices, _WAIT_MS)
+            except NvmlUnavailable:
+                log.debug("NVML shut down: the Xid watcher stops")
+                return
             except Exception:  # an NVML failure here must not kill the thread silently or spin
                 log.exception("Xid event wait failed; retrying in 5 s")
                 self._stop.wait(5.0)

@@ -73,7 +73,10 @@ def run_agent(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> 
     with log.open("w") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpuscope", "run", "--web.listen-address", f"127.0.0.1:{port}", *args],
-            stdout=subprocess.DEVNULL, stderr=err, text=True, env={**os.environ, **(env or {})},
+            stdout=subprocess.DEVNULL, stderr=err, text=True,
+            # Captures go to the test's directory, never the machine's /var/lib/gpuscope.
+            env={**os.environ, "GPUSCOPE_CAPTURE__STORE__ROOT": str(tmp_path / f"captures-{port}"),
+                 **(env or {})},
         )
     agent = RunningAgent(proc, port, log)
     try:

@@ -70,7 +70,7 @@ class CaptureService:
         self._queue: queue.Queue[tuple[CaptureRequest, Future[CaptureRecord]] | None] = queue.Queue(
             _QUEUE_LIMIT)
         self._lock = threading.Lock()
-        self._counts: dict[tuple[str, str], int] = {}
+        self._counts: dict[tuple[TriggerKind, Outcome], int] = {}
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------ triggers
@@ -118,7 +118,7 @@ class CaptureService:
 
     # ------------------------------------------------------------ CaptureStats
 
-    def capture_counts(self) -> dict[tuple[str, str], int]:
+    def capture_counts(self) -> dict[tuple[TriggerKind, Outcome], int]:
         with self._lock:
             return dict(self._counts)
 
@@ -248,7 +248,7 @@ class CaptureService:
             bytes=0, outcome=outcome, error=error, hostname=self._hostname,
         )
 
-    def _count(self, trigger: TriggerKind, outcome: str) -> None:
+    def _count(self, trigger: TriggerKind, outcome: Outcome) -> None:
         with self._lock:
             key = (trigger, outcome)
             self._counts[key] = self._counts.get(key, 0) + 1

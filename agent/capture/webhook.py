@@ -10,9 +10,15 @@ nothing is triggered.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+import socket
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
+
+import psutil
+
+from gpuscope.capture.model import Trigger
+from gpuscope.capture.service import CaptureRequest
 
 MAX_BODY_BYTES = 1 << 20  # Alertmanager groups are small; a larger body is not a webhook
 MAX_ALERTS = 1000
@@ -98,3 +104,36 @@ def _is_this_node(instance: str, hosts: Collection[str], port: int | None) -> bo
     if port_text and port is not None and port_text != str(port):
         return False
     return host.lower() in {h.lower() for h in hosts}
+
+
+def this_node_hosts(node_name: str | None = None) -> set[str]:
+    """The names and addresses an `instance` label may use for this node."""
+    hosts = {socket.gethostname(), socket.getfqdn(), "localhost"}
+    if node_name:
+        hosts.add(node_name)
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family in (socket.AF_INET, socket.AF_INET6):
+                hosts.add(address.address.split("%", 1)[0])  # fe80::1%eth0 -> fe80::1
+    return hosts
+
+
+class WebhookReceiver:
+    """The HTTP handler: parse, then queue one capture per trigger (the reply never waits for them)."""
+
+    def __init__(self, submit: Callable[[CaptureRequest], object], *, hosts: Collection[str],
+                 port: int | None) -> None:
+        self._submit = submit
+        self._hosts = frozenset(h.lower() for h in hosts)
+        self.port = port  # set once the HTTP server knows its bound port
+
+    def __call__(self, body: bytes) -> tuple[str, dict[str, Any]]:
+        try:
+            triggers = parse_webhook(body, hosts=self._hosts, port=self.port)
+        except WebhookError as err:
+            return "400 Bad Request", {"error": str(err)}
+        for t in triggers:
+            self._submit(CaptureRequest(Trigger("webhook", alertname=t.alertname), gpu=t.gpu, uuid=t.uuid))
+        return "200 OK", {"accepted": len(triggers),
+                          "captures": [{"alertname": t.alertname, "gpu": t.gpu, "uuid": t.uuid}
+                                       for t in triggers]}

@@ -1,0 +1,51 @@
+"""Building the capture service from configuration, or deciding the node runs without one."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuscope.capture.config import CaptureConfig
+from gpuscope.capture.model import CaptureBackend
+from gpuscope.capture.policy import CapturePolicy
+from gpuscope.capture.service import CaptureService
+from gpuscope.capture.store import CaptureStore, CaptureStoreError
+from gpuscope.capture.targets import TargetResolver
+from gpuscope.capture.tsl import TslProfilerBackend
+from gpuscope.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Captures:
+    service: CaptureService
+    store: CaptureStore
+
+    def start(self) -> None:
+        self.service.start()
+
+    def stop(self) -> None:
+        self.service.stop()
+        self.store.close()
+
+
+def build_captures(config: CaptureConfig, *, snapshots: Callable[[], Snapshot | None],
+                   hostname: str) -> Captures | None:
+    """The capture service, or None (logged once) when captures are off or the store is unusable:
+    a node that cannot store traces still samples, exports and alerts."""
+    if not config.enabled:
+        return None
+    try:
+        store = CaptureStore(config.store.root, quota_bytes=config.store.quota_bytes)
+    except (OSError, CaptureStoreError) as err:
+        log.warning("captures disabled: cannot use the capture store %s (%s); set capture.store.root "
+                    "to a writable directory", config.store.root, err)
+        return None
+    backends: dict[str, CaptureBackend] = {"tsl": TslProfilerBackend()}
+    resolver = TargetResolver(profiler_ports=config.profiler_ports, static_targets=config.targets)
+    service = CaptureService(store=store, policy=CapturePolicy(config), resolver=resolver,
+                             backends=backends, snapshots=snapshots, hostname=hostname,
+                             deadline_margin_s=config.deadline_margin)
+    return Captures(service, store)
