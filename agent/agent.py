@@ -20,6 +20,7 @@ from gpuscope.alerts.rules_config import build_rules
 from gpuscope.capture.factory import Captures, build_captures
 from gpuscope.capture.webhook import WebhookReceiver, this_node_hosts
 from gpuscope.config import Settings
+from gpuscope.control.server import ControlServer, ControlServerError
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.exporters.prometheus import GpuscopeCollector
@@ -82,6 +83,13 @@ class Agent:
             self.registry.register(CaptureCollector(self.captures.service))
             self.webhook = WebhookReceiver(self.captures.service.submit,
                                            hosts=this_node_hosts(settings.node_name), port=None)
+        self.control: ControlServer | None = None
+        if settings.control.enabled:
+            self.control = ControlServer(
+                settings.control,
+                service=self.captures.service if self.captures is not None else None,
+                store=self.captures.store if self.captures is not None else None,
+                snapshots=self.sampler.latest, alerts=self.alerts, hostname=self.hostname)
         self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler,
                                     alerts=self.alerts, webhook=self.webhook)
         self._stopped = False
@@ -100,6 +108,12 @@ class Agent:
             self.webhook.port = port  # an alert's `instance` names this agent by its real port
         if self.captures is not None:
             self.captures.start()
+        if self.control is not None:
+            try:
+                self.control.start()
+            except ControlServerError as err:  # e.g. /run/gpuscope not writable: serve everything else
+                log.warning("control API disabled: %s", err)
+                self.control = None
         if self.alerts is not None and self.settings.alerting.alertmanager.url is not None:
             # Built once the port is bound: the alert's `instance` label names the real address.
             self.notifier = AlertmanagerNotifier(
@@ -123,6 +137,8 @@ class Agent:
         self._stopped = True
         self.systemd.stopping()
         self.http.stop()
+        if self.control is not None:
+            self.control.stop(grace=1.0)
         self.sampler.stop()
         if self.notifier is not None:
             self.notifier.stop()

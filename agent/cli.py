@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", type=Path)
 
     sub.add_parser("scenarios", help="List the bundled simulation scenarios.")
+    from gpuscope.cli_capture import add_capture_commands
+
+    add_capture_commands(sub)
     return parser
 
 
@@ -84,6 +87,10 @@ def _setup_logging(level: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("capture", "captures"):
+        from gpuscope.cli_capture import run_capture_command
+
+        return run_capture_command(args)
     if args.command == "config":
         return _config_check(args.file)
     if args.command == "scenarios":

@@ -17,6 +17,7 @@ from gpuscope.alerts.alertmanager import alertmanager_endpoint
 from gpuscope.alerts.config import AlertingConfig
 from gpuscope.alerts.rules_config import validate_against_interval
 from gpuscope.capture.config import CaptureConfig
+from gpuscope.control.config import ControlConfig
 from gpuscope.durations import format_duration, parse_duration
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -71,6 +72,7 @@ class Settings(BaseSettings):
     nvml: NvmlConfig = NvmlConfig()
     alerting: AlertingConfig = AlertingConfig()
     capture: CaptureConfig = CaptureConfig()
+    control: ControlConfig = ControlConfig()
 
     @classmethod
     def settings_customise_sources(

@@ -76,6 +76,7 @@ def run_agent(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> 
             stdout=subprocess.DEVNULL, stderr=err, text=True,
             # Captures go to the test's directory, never the machine's /var/lib/gpuscope.
             env={**os.environ, "GPUSCOPE_CAPTURE__STORE__ROOT": str(tmp_path / f"captures-{port}"),
+                 "GPUSCOPE_CONTROL__SOCKET": str(tmp_path / f"control-{port}.sock"),
                  **(env or {})},
         )
     agent = RunningAgent(proc, port, log)

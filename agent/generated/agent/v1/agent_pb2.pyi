@@ -45,18 +45,20 @@ class ListAlertsResponse(_message.Message):
     def __init__(self, alerts_json: _Optional[bytes] = ...) -> None: ...
 
 class CaptureRequest(_message.Message):
-    __slots__ = ("gpu", "pid", "target", "duration_ms", "reason")
+    __slots__ = ("gpu", "pid", "target", "duration_ms", "reason", "start_at")
     GPU_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    START_AT_FIELD_NUMBER: _ClassVar[int]
     gpu: int
     pid: int
     target: str
     duration_ms: int
     reason: str
-    def __init__(self, gpu: _Optional[int] = ..., pid: _Optional[int] = ..., target: _Optional[str] = ..., duration_ms: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    start_at: float
+    def __init__(self, gpu: _Optional[int] = ..., pid: _Optional[int] = ..., target: _Optional[str] = ..., duration_ms: _Optional[int] = ..., reason: _Optional[str] = ..., start_at: _Optional[float] = ...) -> None: ...
 
 class CaptureRecord(_message.Message):
     __slots__ = ("id", "outcome", "record_json")

@@ -1,0 +1,325 @@
+"""`gpuscope capture` and `gpuscope captures`: profiler captures through the agent's control API.
+
+    gpuscope capture --gpu 0 --duration 2s [--json]             # the local agent (Unix socket)
+    gpuscope capture --pid 1234 --agent node7:9848 --token-file T --tls-ca CA
+    gpuscope capture --agents node1:9848,node2:9848 --duration 2s --token-file T --tls-ca CA
+    gpuscope captures ls [--json]
+    gpuscope captures get ID -o DIR
+
+A fleet capture (``--agents``) asks every agent, in parallel, to start at the same wall-clock time (now
+plus ``--lead``), so the traces of a multi-node job overlap; each node's outcome is reported. Exit codes:
+0 when every capture was taken ("captured"), 1 otherwise (the records say why) or when an agent cannot
+be reached, 2 for a request that is wrong in itself (bad flags, an invalid id). Errors are one line on
+stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gpuscope.capture.config import MAX_DURATION_SECONDS
+from gpuscope.capture.records import CaptureIdError, check_capture_id
+from gpuscope.control.client import ControlClient, ControlError
+from gpuscope.control.config import DEFAULT_SOCKET
+from gpuscope.durations import format_duration, parse_duration
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+DEFAULT_LEAD_S = 2.0  # a fleet capture starts this long after the command: time to reach every agent
+MAX_LEAD_S = 60.0  # agents refuse a start time further ahead
+MAX_FLEET = 256
+SOCKET_ENV = "GPUSCOPE_CONTROL__SOCKET"  # the agent's control.socket, as its configuration names it
+
+
+def _capture_duration(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+    if not 0 < seconds <= MAX_DURATION_SECONDS:
+        raise argparse.ArgumentTypeError(f"a capture lasts more than 0 and at most "
+                                         f"{format_duration(MAX_DURATION_SECONDS)}, got {text!r}")
+    return seconds
+
+
+def _lead(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+    if seconds > MAX_LEAD_S:
+        raise argparse.ArgumentTypeError(f"at most {format_duration(MAX_LEAD_S)}, got {text!r}")
+    return seconds
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected 1 or more, got 0")
+    return value
+
+
+def _connection_flags(parser: argparse.ArgumentParser, *, fleet: bool) -> None:
+    group = parser.add_argument_group("agent connection")
+    where = group.add_mutually_exclusive_group()
+    where.add_argument("--socket", type=Path, metavar="PATH",
+                       help=f"The local agent's control socket (default ${SOCKET_ENV} or {DEFAULT_SOCKET}).")
+    where.add_argument("--agent", metavar="HOST:PORT",
+                       help="A remote agent's control API over TCP (TLS with a bearer token).")
+    if fleet:
+        where.add_argument("--agents", metavar="A,B,...",
+                           help="Fleet capture: several agents (HOST:PORT or socket paths, comma-separated) "
+                                "capture at the same start time.")
+    group.add_argument("--token-file", type=Path, metavar="FILE", help="Bearer token for TCP agents.")
+    group.add_argument("--tls-ca", type=Path, metavar="FILE",
+                       help="CA bundle (PEM) that TCP agents' certificates chain to (default: system CAs).")
+    group.add_argument("--tls-cert", type=Path, metavar="FILE", help="Client certificate (PEM), for mTLS.")
+    group.add_argument("--tls-key", type=Path, metavar="FILE", help="Client private key (PEM), for mTLS.")
+    group.add_argument("--tls-server-name", metavar="NAME",
+                       help="Expect this name in the agents' certificates instead of the host dialled.")
+
+
+def add_capture_commands(subparsers: Any) -> None:
+    """Add `capture` and `captures` to the `gpuscope` sub-command parsers."""
+    capture = subparsers.add_parser(
+        "capture", help="Take a profiler capture through the agent (or several agents at once).",
+        description="Capture a profile of the processes on a GPU, of one process, or of one profiler "
+                    "endpoint, and print its record.")
+    what = capture.add_mutually_exclusive_group()
+    what.add_argument("--gpu", type=_non_negative, metavar="N", help="Every profilable process on GPU N.")
+    what.add_argument("--pid", type=_positive, metavar="PID", help="One process (host PID).")
+    what.add_argument("--target", metavar="HOST:PORT", help="One TensorFlow/JAX profiler server.")
+    capture.add_argument("--duration", type=_capture_duration, metavar="DURATION",
+                         help="Capture length, e.g. 2s or 500ms (at most "
+                              f"{format_duration(MAX_DURATION_SECONDS)}; default: the agent's "
+                              "capture.duration).")
+    capture.add_argument("--reason", help="Why (logged by the agent).")
+    capture.add_argument("--lead", type=_lead, default=DEFAULT_LEAD_S, metavar="DURATION",
+                         help="Fleet capture: start this long from now on every node (default 2s).")
+    capture.add_argument("--json", action="store_true", help="Print the capture record(s) as JSON.")
+    _connection_flags(capture, fleet=True)
+
+    captures = subparsers.add_parser("captures", help="List or download the agent's stored captures.")
+    sub = captures.add_subparsers(dest="captures_command", required=True, metavar="SUBCOMMAND")
+    ls = sub.add_parser("ls", help="List the stored captures, newest first.")
+    ls.add_argument("--limit", type=_non_negative, default=0, metavar="N",
+                    help="At most N captures (default: the agent's page size).")
+    ls.add_argument("--json", action="store_true", help="Print the capture records as JSON.")
+    _connection_flags(ls, fleet=False)
+    get = sub.add_parser("get", help="Download a capture's files into a directory (a TensorBoard logdir).")
+    get.add_argument("id", help="The capture id, as `gpuscope captures ls` shows it.")
+    get.add_argument("-o", "--output", type=Path, required=True, metavar="DIR",
+                     help="Where to write the files (created if missing; existing files are never "
+                          "overwritten).")
+    _connection_flags(get, fleet=False)
+
+
+def run_capture_command(args: argparse.Namespace) -> int:
+    """Run `capture` or `captures ...`; the exit code. Errors: one line on stderr, no traceback."""
+    try:
+        if args.command == "capture":
+            if getattr(args, "agents", None):
+                return _fleet(args)
+            return _capture(args)
+        if args.captures_command == "ls":
+            return _list(args)
+        return _get(args)
+    except ControlError as err:
+        print(f"gpuscope: {err}", file=sys.stderr)
+        return EXIT_USAGE if err.usage else EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("gpuscope: interrupted", file=sys.stderr)
+        return 130
+
+
+# -- commands ---------------------------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace, address: str | Path | None = None) -> ControlClient:
+    if address is None:
+        address = args.agent or args.socket or Path(os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+    return ControlClient(address, tls_ca=args.tls_ca, token_file=args.token_file, tls_cert=args.tls_cert,
+                         tls_key=args.tls_key, tls_server_name=args.tls_server_name)
+
+
+def _selector(args: argparse.Namespace) -> dict[str, Any]:
+    return {"gpu": args.gpu, "pid": args.pid, "target": args.target}
+
+
+def _capture(args: argparse.Namespace) -> int:
+    if args.gpu is None and args.pid is None and args.target is None:
+        raise ControlError("capture: name what to capture: --gpu N, --pid PID or --target HOST:PORT "
+                           "(or --agents for a fleet capture)", usage=True)
+    with _client(args) as client:
+        record = client.capture(**_selector(args), duration_s=args.duration, reason=args.reason)
+    if args.json:
+        print(json.dumps(record, indent=2))
+    else:
+        print(format_record(record))
+        if record.get("outcome") == "captured":
+            print(f"download: gpuscope captures get {record.get('id')} -o DIR")
+    return EXIT_OK if record.get("outcome") == "captured" else EXIT_FAILURE
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    agents = [a.strip() for a in args.agents.split(",") if a.strip()]
+    if not agents:
+        raise ControlError("--agents: name at least one agent (HOST:PORT,...)", usage=True)
+    if len(set(agents)) != len(agents):
+        raise ControlError("--agents: an agent is listed twice", usage=True)
+    if len(agents) > MAX_FLEET:
+        raise ControlError(f"--agents: at most {MAX_FLEET} agents", usage=True)
+    selector = _selector(args)
+    if all(v is None for v in selector.values()):
+        selector["gpu"] = 0  # a multi-node job's local rank 0 runs on GPU 0 of each node
+    clients: dict[str, ControlClient | ControlError] = {}
+    try:
+        for agent in agents:
+            try:
+                clients[agent] = _client(args, agent)
+            except ControlError as err:
+                if err.usage:
+                    raise
+                clients[agent] = err  # e.g. no socket at that path: that node's result
+        start_at = time.time() + args.lead
+
+        def one(agent: str) -> dict[str, Any]:
+            client = clients[agent]
+            try:
+                if isinstance(client, ControlError):
+                    raise client
+                record = client.capture(**selector, duration_s=args.duration, start_at=start_at,
+                                        reason=args.reason)
+            except ControlError as err:
+                record = _failed_record(err, selector)
+            return {"agent": agent, **record}
+
+        with ThreadPoolExecutor(max_workers=min(32, len(agents)), thread_name_prefix="fleet") as pool:
+            records = list(pool.map(one, agents))
+    finally:
+        for client in clients.values():
+            if isinstance(client, ControlClient):
+                client.close()
+    if args.json:
+        print(json.dumps(records, indent=2))
+    else:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(start_at))
+        stamp += f".{int(start_at % 1 * 1000):03d}Z"
+        print(f"fleet capture on {len(agents)} agent(s), starting at {stamp}")
+        width = max(len(a) for a in agents)
+        for record in records:
+            print(f"{record['agent']:<{width}}  {format_record(record)}")
+    captured = sum(r.get("outcome") == "captured" for r in records)
+    if not args.json:
+        print(f"{captured}/{len(records)} captured")
+    return EXIT_OK if captured == len(records) else EXIT_FAILURE
+
+
+def _failed_record(err: ControlError, selector: dict[str, Any]) -> dict[str, Any]:
+    """A node that gave no record: the same shape, with the outcome its error amounts to."""
+    if err.code in (None, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        outcome = "unreachable"
+    elif err.code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                      grpc.StatusCode.RESOURCE_EXHAUSTED):
+        outcome = "refused"
+    else:
+        outcome = "failed"
+    pid = selector.get("pid")
+    return {"id": None, "outcome": outcome, "error": str(err), "gpu": selector.get("gpu"),
+            "pids": [] if pid is None else [pid], "target": selector.get("target"), "files": [], "bytes": 0}
+
+
+def _list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        records = client.list_captures(limit=args.limit)
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return EXIT_OK
+    if not records:
+        print("no captures stored")
+        return EXIT_OK
+    rows = [("ID", "STARTED (UTC)", "OUTCOME", "TRIGGER", "GPU", "PIDS", "SIZE", "TARGET")]
+    for r in records:
+        trigger = r.get("trigger") or {}
+        kind = str(trigger.get("kind") or "-")
+        if trigger.get("alertname"):
+            kind += f":{trigger['alertname']}"
+        rows.append((str(r.get("id")), _time(r.get("start")), str(r.get("outcome")), kind,
+                     "-" if r.get("gpu") is None else str(r["gpu"]),
+                     ",".join(map(str, r.get("pids") or ())) or "-", _human(int(r.get("bytes") or 0)),
+                     str(r.get("target") or "-")))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return EXIT_OK
+
+
+def _get(args: argparse.Namespace) -> int:
+    try:
+        check_capture_id(args.id)  # before connecting: a malformed id is the caller's mistake (exit 2)
+    except CaptureIdError as err:
+        raise ControlError(str(err), usage=True) from None
+    with _client(args) as client:
+        written = client.get_capture(args.id, args.output)
+    print(f"{len(written)} file(s) of capture {args.id} written to {args.output}")
+    profiles = [name for name in written if name.endswith(".xplane.pb") or ".pt.trace.json" in name]
+    if profiles:
+        print(f"view: tensorboard --logdir {args.output}   (or xprof)")
+    return EXIT_OK
+
+
+# -- formatting -------------------------------------------------------------------------------------------
+
+
+def format_record(record: dict[str, Any]) -> str:
+    """One line: id, outcome, what was captured, the files, and the error if any."""
+    parts = [str(record.get("id") or "-"), str(record.get("outcome"))]
+    if record.get("gpu") is not None:
+        parts.append(f"GPU {record['gpu']}")
+    pids = record.get("pids") or ()
+    if pids:
+        parts.append("pids " + ",".join(map(str, pids)))
+    if record.get("target"):
+        parts.append(str(record["target"]))
+    files = record.get("files") or ()
+    if files:
+        parts.append(f"{len(files)} file(s), {_human(int(record.get('bytes') or 0))}")
+    line = "  ".join(parts)
+    if record.get("error"):
+        line += f"  ({' '.join(str(record['error']).split())})"
+    return line
+
+
+def _time(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(value))
+
+
+def _human(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    value = float(size)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+    return f"{value / 1024:.1f} TiB"

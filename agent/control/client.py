@@ -1,0 +1,384 @@
+"""A client of the control API (gpuscope.v1.Agent): the `gpuscope capture` and `gpuscope captures` commands.
+
+An address is a Unix socket path (the local agent, ``/run/gpuscope/control.sock`` by default; "unix:PATH"
+too) or ``host:port`` of an agent serving TCP, which is always TLS with a bearer token. Every failure
+is a ControlError with a one-line message; ``usage`` marks those caused by the request itself.
+
+``get_capture`` writes the files of a capture under a directory the user names, and trusts nothing the
+server sends: every path must be a plain relative path (no absolute path, no ``..``, no odd
+characters), directories are opened without following symlinks, files are created exclusively (an
+existing file is never overwritten, and a symlink in the way is refused), chunks must come in order.
+On any failure the files and directories this download created are removed again, so the directory is
+left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import stat
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from gpuscope.capture.config import parse_address
+from gpuscope.capture.records import CaptureIdError, CaptureRecordError, check_capture_id, check_relative_path
+from gpuscope.control.config import DEFAULT_SOCKET
+from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
+
+DEFAULT_TIMEOUT_S = 10.0  # calls other than Capture and GetCapture
+CAPTURE_OVERHEAD_S = 60.0  # a Capture call may take its duration (and start delay) plus this
+DOWNLOAD_TIMEOUT_S = 600.0
+MAX_RESPONSE_BYTES = 8 * 2**20
+MAX_PATH_CHARS = 1024
+MAX_PATH_DEPTH = 17  # the store allows 16 directory levels inside a capture
+MAX_NAME_BYTES = 255
+MAX_FILES = 10_000
+
+
+class ControlError(Exception):
+    """A control API call that failed. ``usage``: the request was wrong (CLI exit 2), else exit 1."""
+
+    def __init__(self, message: str, *, code: grpc.StatusCode | None = None, usage: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.usage = usage
+
+
+def is_socket_address(address: str | Path) -> bool:
+    """A Unix socket (a path, or "unix:PATH") rather than host:port."""
+    if isinstance(address, Path):
+        return True
+    return address.startswith(("/", "./", "../", "unix:", "~"))
+
+
+class ControlClient:
+    """One agent's control API. Use as a context manager, or call ``close``."""
+
+    def __init__(self, address: str | Path = DEFAULT_SOCKET, *, tls_ca: Path | None = None,
+                 token_file: Path | None = None, token: str | None = None, tls_cert: Path | None = None,
+                 tls_key: Path | None = None, tls_server_name: str | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self._timeout = timeout
+        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_RESPONSE_BYTES)]
+        if is_socket_address(address):
+            text = str(address)
+            path = Path(text.removeprefix("unix:")).expanduser().absolute()
+            self.where = str(path)
+            _check_socket(path)
+            self._channel = grpc.insecure_channel(f"unix:{path}", options=options)
+        else:
+            try:
+                host, port = parse_address(str(address))
+            except ValueError as err:
+                raise ControlError(f"agent address: {err}", usage=True) from None
+            self.where = str(address)
+            if token is None:
+                if token_file is None:
+                    raise ControlError(f"the agent at {address} is reached over TCP, which needs a bearer "
+                                       "token: pass --token-file", usage=True)
+                token = _read_client_token(token_file)
+            if (tls_cert is None) != (tls_key is None):
+                raise ControlError("a client certificate needs both --tls-cert and --tls-key", usage=True)
+            credentials = grpc.composite_channel_credentials(
+                grpc.ssl_channel_credentials(
+                    root_certificates=None if tls_ca is None else _read_file(tls_ca, "TLS CA bundle"),
+                    private_key=None if tls_key is None else _read_file(tls_key, "TLS client key"),
+                    certificate_chain=None if tls_cert is None
+                    else _read_file(tls_cert, "TLS client certificate")),
+                grpc.access_token_call_credentials(token))  # "authorization: Bearer <token>", TLS only
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+            target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            self._channel = grpc.secure_channel(target, credentials, options=options)
+        self._stub = agent_pb2_grpc.AgentStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- the methods ---------------------------------------------------------------------------------------
+
+    def get_snapshot(self) -> dict[str, Any]:
+        response = self._call(self._stub.GetSnapshot, agent_pb2.GetSnapshotRequest())
+        return _json(response.snapshot_json, "snapshot")
+
+    def list_alerts(self) -> dict[str, Any]:
+        response = self._call(self._stub.ListAlerts, agent_pb2.ListAlertsRequest())
+        return _json(response.alerts_json, "alerts")
+
+    def capture(self, *, gpu: int | None = None, pid: int | None = None, target: str | None = None,
+                duration_s: float | None = None, start_at: float | None = None, reason: str | None = None,
+                timeout: float | None = None) -> dict[str, Any]:
+        """Ask for a capture and wait for its record (as JSON: id, outcome, gpu, pids, target, files...)."""
+        chosen = [name for name, value in (("gpu", gpu), ("pid", pid), ("target", target))
+                  if value is not None]
+        if len(chosen) != 1:
+            raise ControlError("name exactly one of gpu, pid or target", usage=True)
+        request = agent_pb2.CaptureRequest()
+        if gpu is not None:
+            request.gpu = gpu
+        elif pid is not None:
+            request.pid = pid
+        else:
+            request.target = str(target)
+        if duration_s is not None:
+            if duration_s <= 0:
+                raise ControlError("the capture duration must be positive", usage=True)
+            request.duration_ms = max(1, round(duration_s * 1000))
+        if start_at is not None:
+            request.start_at = start_at
+        if reason is not None:
+            request.reason = reason
+        if timeout is None:
+            ahead = 0.0 if start_at is None else max(0.0, start_at - time.time())
+            timeout = ahead + (duration_s or 30.0) + CAPTURE_OVERHEAD_S
+        response = self._call(self._stub.Capture, request, timeout=timeout)
+        return _json(response.record_json.encode(), "capture record")
+
+    def list_captures(self, limit: int = 0) -> list[dict[str, Any]]:
+        response = self._call(self._stub.ListCaptures, agent_pb2.ListCapturesRequest(limit=limit))
+        return [_json(c.record_json.encode(), "capture record") for c in response.captures]
+
+    def get_capture(self, capture_id: str, out_dir: Path, *,
+                    timeout: float = DOWNLOAD_TIMEOUT_S) -> list[str]:
+        """Download a capture's files under ``out_dir`` (created if missing); their relative paths."""
+        try:
+            check_capture_id(capture_id)
+        except CaptureIdError as err:
+            raise ControlError(str(err), usage=True) from None
+        try:
+            stream = self._stub.GetCapture(agent_pb2.GetCaptureRequest(id=capture_id), timeout=timeout)
+            return write_chunks(stream, out_dir)
+        except grpc.RpcError as err:
+            raise self._error(err) from None
+
+    # -- plumbing ------------------------------------------------------------------------------------------
+
+    def _call(self, method: Any, request: Any, *, timeout: float | None = None) -> Any:
+        try:
+            return method(request, timeout=self._timeout if timeout is None else timeout)
+        except grpc.RpcError as err:
+            raise self._error(err) from None
+
+    def _error(self, err: grpc.RpcError) -> ControlError:
+        code: grpc.StatusCode | None = err.code() if hasattr(err, "code") else None
+        details = (err.details() if hasattr(err, "details") else None) or str(err)
+        details = " ".join(str(details).split())
+        where = self.where
+        if code == grpc.StatusCode.UNAVAILABLE:
+            message = f"cannot reach the gpuscope agent at {where}: {details}"
+        elif code == grpc.StatusCode.UNAUTHENTICATED:
+            message = f"the agent at {where} refused the credentials: {details}"
+        elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            message = f"no answer from the agent at {where} in time ({details})"
+        elif code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                      grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED):
+            message = f"{where}: {details}"
+        else:
+            message = f"{where}: {code.name if code else 'error'}: {details}"
+        return ControlError(message, code=code, usage=code == grpc.StatusCode.INVALID_ARGUMENT)
+
+
+def _check_socket(path: Path) -> None:
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise ControlError(f"no gpuscope agent control socket at {path}: is the agent running "
+                           "(gpuscope run)? Name another socket with --socket") from None
+    except OSError as err:
+        raise ControlError(f"cannot use the control socket {path}: {err.strerror or err}") from None
+    if not stat.S_ISSOCK(info.st_mode):
+        raise ControlError(f"{path} is not a socket (is it the agent's control.socket?)", usage=True)
+    if not os.access(path, os.W_OK):
+        raise ControlError(f"permission denied on the control socket {path}: run as root or as a member of "
+                           "its group")
+
+
+def _read_file(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise ControlError(f"cannot read the {what} {path}: {err.strerror or err}", usage=True) from None
+
+
+def _read_client_token(path: Path) -> str:
+    data = _read_file(path, "token file")
+    try:
+        token = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise ControlError(f"the token in {path} is not ASCII", usage=True) from None
+    if not token or any(not c.isprintable() or c.isspace() for c in token):
+        raise ControlError(f"the token file {path} is empty or holds spaces or control characters",
+                           usage=True)
+    return token
+
+
+def _json(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ControlError(f"the agent sent a {what} that is not JSON: {err}") from None
+    if not isinstance(document, dict):
+        raise ControlError(f"the agent sent a {what} that is not a JSON object")
+    return document
+
+
+# -- writing a capture's files ---------------------------------------------------------------------------
+
+
+def safe_relative_path(value: str) -> tuple[str, ...]:
+    """The parts of a file path sent by a server, if it is a plain relative path; ControlError if it
+    could leave the output directory (absolute, '..', '.', empty parts, backslashes, NUL, control
+    characters) or is unreasonably long or deep."""
+    if len(value) > MAX_PATH_CHARS:
+        raise ControlError(f"the agent sent a file path of {len(value)} characters; refusing it")
+    try:
+        check_relative_path(value)
+    except CaptureRecordError as err:
+        raise ControlError(f"the agent sent an unsafe file path: {err}; refusing it") from None
+    parts = tuple(value.split("/"))
+    if len(parts) > MAX_PATH_DEPTH or any(len(p.encode()) > MAX_NAME_BYTES for p in parts):
+        raise ControlError(f"the agent sent a file path {value!r} too deep or with too long a name; "
+                           "refusing it")
+    return parts
+
+
+@dataclass
+class _Open:
+    relative: str
+    fd: int
+    offset: int
+
+
+class _Writer:
+    """Creates files and directories under one root, never following a link, never overwriting, and
+    remembers what it created so that ``undo`` can remove exactly that."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self._out = out_dir
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            self._root = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as err:
+            raise ControlError(f"cannot use the output directory {out_dir}: {err.strerror or err}",
+                               usage=True) from None
+        self._dirs: dict[tuple[str, ...], int] = {(): self._root}
+        self._created_dirs: list[tuple[tuple[str, ...], str]] = []
+        self._created_files: list[tuple[tuple[str, ...], str]] = []
+
+    def create(self, parts: tuple[str, ...]) -> int:
+        parent = self._directory(parts[:-1])
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(parts[-1], flags, 0o640, dir_fd=parent)
+        except FileExistsError:
+            raise ControlError(f"{self._out / '/'.join(parts)} already exists; refusing to overwrite it "
+                               "(choose an empty directory with -o)") from None
+        except OSError as err:
+            raise ControlError(f"cannot create {self._out / '/'.join(parts)}: "
+                               f"{err.strerror or err}") from None
+        self._created_files.append((parts[:-1], parts[-1]))
+        return fd
+
+    def _directory(self, parts: tuple[str, ...]) -> int:
+        fd = self._dirs.get(parts)
+        if fd is not None:
+            return fd
+        parent = self._directory(parts[:-1])
+        name = parts[-1]
+        try:
+            os.mkdir(name, 0o750, dir_fd=parent)
+            self._created_dirs.append((parts[:-1], name))
+        except FileExistsError:
+            pass
+        except OSError as err:
+            raise ControlError(f"cannot create {self._out / '/'.join(parts)}: "
+                               f"{err.strerror or err}") from None
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except OSError as err:
+            if err.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise ControlError(f"{self._out / '/'.join(parts)} is a symlink or not a directory; refusing "
+                                   "to write through it") from None
+            raise ControlError(f"cannot open {self._out / '/'.join(parts)}: {err.strerror or err}") from None
+        self._dirs[parts] = fd
+        return fd
+
+    def undo(self) -> None:
+        """Remove what this writer created (files, then directories deepest first), nothing else."""
+        for parent, name in reversed(self._created_files):
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=self._dirs[parent])
+        for parent, name in reversed(self._created_dirs):
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=self._dirs[parent])
+        self._created_files.clear()
+        self._created_dirs.clear()
+
+    def close(self) -> None:
+        for fd in self._dirs.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._dirs.clear()
+
+
+def write_chunks(chunks: Iterable[agent_pb2.FileChunk], out_dir: Path) -> list[str]:
+    """Write a GetCapture stream under ``out_dir``; the relative paths written, in order. On any error
+    (an unsafe path, an existing file, chunks out of order, a broken stream) everything this call
+    created is removed and the error raised (ControlError, or the stream's own)."""
+    writer = _Writer(out_dir)
+    current: _Open | None = None
+    written: list[str] = []
+    done: set[str] = set()
+    try:
+        for chunk in chunks:
+            if current is None or current.relative != chunk.path:
+                if current is not None:
+                    raise ControlError(f"the agent sent {chunk.path!r} before the end of "
+                                       f"{current.relative!r}")
+                if chunk.path in done:
+                    raise ControlError(f"the agent sent {chunk.path!r} twice")
+                if len(done) >= MAX_FILES:
+                    raise ControlError(f"the agent sent more than {MAX_FILES} files")
+                current = _Open(chunk.path, writer.create(safe_relative_path(chunk.path)), 0)
+            if chunk.offset != current.offset:
+                raise ControlError(f"the agent sent {current.relative!r} out of order (offset "
+                                   f"{chunk.offset}, expected {current.offset})")
+            view = memoryview(chunk.data)
+            try:
+                while view:
+                    view = view[os.write(current.fd, view):]
+            except OSError as err:
+                raise ControlError(f"cannot write {out_dir / current.relative}: "
+                                   f"{err.strerror or err}") from None
+            current.offset += len(chunk.data)
+            if chunk.last:
+                os.close(current.fd)
+                done.add(current.relative)
+                written.append(current.relative)
+                current = None
+        if current is not None:
+            raise ControlError(f"the download ended in the middle of {current.relative!r}")
+    except BaseException:
+        if current is not None:
+            with contextlib.suppress(OSError):
+                os.close(current.fd)
+        writer.undo()
+        raise
+    finally:
+        writer.close()
+    return written

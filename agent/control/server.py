@@ -1,0 +1,543 @@
+"""The control API server: gpuscope.v1.Agent over a Unix socket, and over TCP with TLS and a bearer token.
+
+Two gRPC servers share one servicer: the Unix socket one (always, when the API is enabled) trusts the
+socket's file permissions (``control.socket_mode``, 0660 by default: the agent's user and group); the TCP
+one (only when ``control.tcp`` is configured) requires TLS and ``Authorization: Bearer <token>`` on every
+call, compared in constant time, and answers UNAUTHENTICATED before any method runs otherwise.
+
+Requests are small: a server refuses any message over ``MAX_REQUEST_BYTES`` (gRPC answers
+RESOURCE_EXHAUSTED before the method sees it). A capture blocks its call for its duration, so at most
+``MAX_WAITING_CAPTURES`` Capture calls wait at a time (RESOURCE_EXHAUSTED beyond), which keeps threads free
+for the other methods. A capture the policy refuses is a result (status OK, outcome "refused"); a request
+that cannot be a capture (no selector, a duration over the maximum, a start time too far ahead) is
+INVALID_ARGUMENT with the reason.
+
+The socket is bound inside a private (0700) directory next to it, chmod'ed, then linked into place, so no
+client can connect while it still has the process umask's permissions; a stale socket (nobody answers)
+is replaced, a live one or anything that is not a socket is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hmac
+import json
+import logging
+import math
+import os
+import secrets
+import shutil
+import socket
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gpuscope.alerts.model import AlertSource
+from gpuscope.capture.config import MAX_DURATION_SECONDS
+from gpuscope.capture.model import CaptureRecord, Trigger
+from gpuscope.capture.records import CaptureIdError
+from gpuscope.capture.service import CaptureRequest, CaptureService
+from gpuscope.capture.store import CaptureNotFoundError, CaptureStore, CaptureStoreError, new_capture_id
+from gpuscope.capture.tsl import parse_address as parse_profiler_address
+from gpuscope.control.config import (
+    MAX_SOCKET_PATH_BYTES,
+    ControlConfig,
+    TcpConfig,
+    grpc_address,
+    parse_listen_address,
+)
+from gpuscope.durations import format_duration
+from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
+from gpuscope.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 64 * 1024  # every request message is tiny; larger ones are refused by gRPC
+MAX_RESPONSE_BYTES = 8 * 2**20  # a FileChunk is at most CHUNK_BYTES plus a path
+CHUNK_BYTES = 2**20  # GetCapture sends files in pieces of 1 MiB
+MAX_WORKERS = 8  # threads per server
+MAX_CONCURRENT_RPCS = 16  # calls in progress or queued per server; RESOURCE_EXHAUSTED beyond
+MAX_WAITING_CAPTURES = 4  # Capture calls blocked at a time
+MAX_START_DELAY_S = 60.0  # start_at at most this far ahead (the capture service waits no longer)
+_POLL_S = 0.2  # how often a waiting Capture call checks for a stop or a vanished client
+DEFAULT_LIST_LIMIT = 100
+MAX_LIST_LIMIT = 10_000
+MAX_REASON_CHARS = 200
+MIN_TOKEN_CHARS = 16
+MAX_TOKEN_BYTES = 4096
+# A Capture call without a deadline waits this long at most for its record (the capture goes on).
+DEFAULT_CAPTURE_WAIT_S = MAX_START_DELAY_S + MAX_DURATION_SECONDS + 120.0
+
+
+class ControlServerError(Exception):
+    """The control API cannot start; the message names the path or address and why."""
+
+
+# -- the methods ----------------------------------------------------------------------------------------
+
+
+class _Servicer:
+    """gpuscope.v1.Agent. ``transport`` ("unix" or "tcp") is recorded as who asked for a capture."""
+
+    def __init__(self, *, service: CaptureService | None, store: CaptureStore | None,
+                 snapshots: Callable[[], Snapshot | None], alerts: AlertSource | None, hostname: str,
+                 wall_clock: Callable[[], float], waiting: threading.BoundedSemaphore,
+                 stopping: threading.Event, user: str) -> None:
+        self._service = service
+        self._store = store
+        self._snapshots = snapshots
+        self._alerts = alerts
+        self._hostname = hostname
+        self._wall_clock = wall_clock
+        self._waiting = waiting
+        self._stopping = stopping
+        self._user = user
+
+    def GetSnapshot(self, request: agent_pb2.GetSnapshotRequest,
+                    context: grpc.ServicerContext) -> agent_pb2.GetSnapshotResponse:
+        snapshot = self._snapshots()
+        if snapshot is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "no snapshot yet: the first sampling tick has not "
+                                                       "finished")
+        return agent_pb2.GetSnapshotResponse(snapshot_json=json.dumps(snapshot.to_json()).encode())
+
+    def ListAlerts(self, request: agent_pb2.ListAlertsRequest,
+                   context: grpc.ServicerContext) -> agent_pb2.ListAlertsResponse:
+        alerts = [] if self._alerts is None else [a.to_json() for a in self._alerts.alerts()]
+        document = {"enabled": self._alerts is not None, "alerts": alerts}
+        return agent_pb2.ListAlertsResponse(alerts_json=json.dumps(document).encode())
+
+    def Capture(self, request: agent_pb2.CaptureRequest,
+                context: grpc.ServicerContext) -> agent_pb2.CaptureRecord:
+        try:
+            capture = self._capture_request(request)
+        except ValueError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        if request.HasField("reason"):
+            log.info("capture requested over the control API (%s): %s", self._user,
+                     request.reason[:MAX_REASON_CHARS])
+        if self._service is None:
+            record = self._unserved(capture, "captures are disabled on this agent (capture.enabled: false "
+                                             "or the capture store could not be opened)")
+            return _record_message(record)
+        if not self._waiting.acquire(blocking=False):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{MAX_WAITING_CAPTURES} capture requests are already waiting on this agent; "
+                          "try again when they are done")
+        try:
+            record = self._wait(self._service.submit(capture), context)
+        finally:
+            self._waiting.release()
+        return _record_message(record)
+
+    def ListCaptures(self, request: agent_pb2.ListCapturesRequest,
+                     context: grpc.ServicerContext) -> agent_pb2.ListCapturesResponse:
+        store = self._require_store(context)
+        limit = min(request.limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
+        records = store.list()[:limit]
+        return agent_pb2.ListCapturesResponse(captures=[_record_message(r) for r in records])
+
+    def GetCapture(self, request: agent_pb2.GetCaptureRequest,
+                   context: grpc.ServicerContext) -> Iterator[agent_pb2.FileChunk]:
+        store = self._require_store(context)
+        try:
+            files = store.files(request.id)
+        except CaptureIdError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except CaptureNotFoundError as err:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+        except CaptureStoreError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        for stored in files:
+            try:
+                fd = os.open(stored.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"capture {request.id} was removed (evicted?) "
+                                                         "while it was being sent")
+            except OSError as err:
+                context.abort(grpc.StatusCode.INTERNAL, f"cannot read {stored.relative} of capture "
+                                                        f"{request.id}: {err.strerror or err}")
+            with os.fdopen(fd, "rb") as f:
+                yield from _chunks(stored.relative, f)
+
+    # -- helpers -----------------------------------------------------------------------------------------
+
+    def _wait(self, future: futures.Future[CaptureRecord], context: grpc.ServicerContext) -> CaptureRecord:
+        """The capture's record; the call ends early (the capture goes on, and is stored if it succeeds)
+        when its deadline passes, the client goes away or the server stops."""
+        remaining = context.time_remaining()
+        wait = DEFAULT_CAPTURE_WAIT_S if remaining is None else max(0.0, remaining - 0.2)
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                return future.result(timeout=max(0.0, min(_POLL_S, deadline - time.monotonic())))
+            except futures.TimeoutError:
+                pass
+            if self._stopping.is_set():
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the agent is stopping; the capture in progress "
+                                                           "may still be stored")
+            if not context.is_active():
+                context.abort(grpc.StatusCode.CANCELLED, "the client went away")
+            if time.monotonic() >= deadline:
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                              "the capture did not finish before the call's deadline; it may still be "
+                              "stored: see `gpuscope captures ls`")
+
+    def _capture_request(self, request: agent_pb2.CaptureRequest) -> CaptureRequest:
+        """The service's request for an API request; ValueError names what makes it invalid."""
+        selector = request.WhichOneof("selector")
+        if selector is None:
+            raise ValueError("name what to capture: gpu, pid or target")
+        gpu = pid = target = None
+        if selector == "gpu":
+            if request.gpu < 0:
+                raise ValueError(f"gpu must be a GPU index (0 or more), got {request.gpu}")
+            gpu = request.gpu
+        elif selector == "pid":
+            if request.pid <= 0:
+                raise ValueError(f"pid must be a process id (1 or more), got {request.pid}")
+            pid = request.pid
+        else:
+            parse_profiler_address(request.target)  # ValueError: host:port, nothing else
+            target = request.target.strip()
+        duration = request.duration_ms / 1000 if request.duration_ms else None  # 0: the agent's default
+        if duration is not None and duration > MAX_DURATION_SECONDS:
+            raise ValueError(f"duration {format_duration(duration)} is longer than the maximum capture "
+                             f"of {format_duration(MAX_DURATION_SECONDS)}")
+        if request.HasField("reason") and len(request.reason) > MAX_REASON_CHARS:
+            raise ValueError(f"reason is longer than {MAX_REASON_CHARS} characters")
+        start_at = None
+        if request.HasField("start_at"):
+            start_at = request.start_at
+            if not math.isfinite(start_at):
+                raise ValueError("start_at must be a finite Unix time")
+            ahead = start_at - self._wall_clock()
+            if ahead > MAX_START_DELAY_S:
+                raise ValueError(f"start_at is {format_duration(round(ahead, 1))} ahead; at most "
+                                 f"{format_duration(MAX_START_DELAY_S)} (are the nodes' clocks in sync?)")
+        trigger = Trigger("fleet" if start_at is not None else "user", user=self._user)
+        return CaptureRequest(trigger, gpu=gpu, pid=pid, target=target, duration_s=duration,
+                              start_at=start_at)
+
+    def _unserved(self, request: CaptureRequest, reason: str) -> CaptureRecord:
+        now = self._wall_clock()
+        return CaptureRecord(
+            id=new_capture_id(now, gpu=request.gpu, pid=request.pid, token=secrets.token_hex(3)),
+            trigger=request.trigger, gpu=request.gpu, pids=() if request.pid is None else (request.pid,),
+            targets=(), start=now, duration_s=request.duration_s or 0.0, bytes=0, outcome="refused",
+            error=reason, hostname=self._hostname)
+
+    def _require_store(self, context: grpc.ServicerContext) -> CaptureStore:
+        if self._store is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "captures are disabled on this agent (no capture store)")
+        return self._store
+
+
+def _record_message(record: CaptureRecord) -> agent_pb2.CaptureRecord:
+    return agent_pb2.CaptureRecord(id=record.id, outcome=f"OUTCOME_{record.outcome.upper()}",
+                                   record_json=json.dumps(record.to_json(), allow_nan=False))
+
+
+def _chunks(relative: str, f: Any) -> Iterator[agent_pb2.FileChunk]:
+    """The chunks of one open file, in order; the last has last=True (an empty file: one empty chunk)."""
+    offset = 0
+    data: bytes = f.read(CHUNK_BYTES)
+    while True:
+        following: bytes = f.read(CHUNK_BYTES) if len(data) == CHUNK_BYTES else b""
+        yield agent_pb2.FileChunk(path=relative, offset=offset, data=data, last=not following)
+        if not following:
+            return
+        offset += len(data)
+        data = following
+
+
+# -- bearer tokens ----------------------------------------------------------------------------------------
+
+
+def read_token(path: Path) -> str:
+    """The bearer token in ``path`` (surrounding whitespace dropped); ControlServerError if unusable.
+    The token itself never appears in a message."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            raw = f.read(MAX_TOKEN_BYTES + 1)
+    except OSError as err:
+        raise ControlServerError(f"cannot read the control API token file {path}: "
+                                 f"{err.strerror or err}") from err
+    if len(raw) > MAX_TOKEN_BYTES:
+        raise ControlServerError(f"the control API token file {path} is larger than {MAX_TOKEN_BYTES} bytes")
+    try:
+        token = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise ControlServerError(f"the control API token in {path} is not ASCII") from None
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ControlServerError(f"the control API token in {path} is shorter than {MIN_TOKEN_CHARS} "
+                                 "characters; use a random one, e.g. `openssl rand -hex 32`")
+    if any(not c.isprintable() or c.isspace() for c in token):
+        raise ControlServerError(f"the control API token in {path} contains spaces or control characters")
+    if stat.S_IMODE(info.st_mode) & 0o004:
+        log.warning("the control API token file %s is readable by every user; make it 0600 or 0640", path)
+    return token
+
+
+def bearer_matches(metadata: Any, token: bytes) -> bool:
+    """Whether call metadata holds ``authorization: Bearer <token>`` (constant-time comparison)."""
+    for key, value in metadata or ():
+        if key != "authorization":
+            continue
+        text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
+        scheme, _, credentials = text.strip().partition(" ")
+        offered = credentials.strip().encode("utf-8", "replace")
+        return scheme.lower() == "bearer" and hmac.compare_digest(offered, token)
+    return False
+
+
+class _BearerTokenInterceptor(grpc.ServerInterceptor):
+    """Lets a call through only with the right bearer token; UNAUTHENTICATED before the method runs."""
+
+    _LOG_EVERY_S = 10.0
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+        self._lock = threading.Lock()
+        self._refused = 0
+        self._logged_at = -math.inf
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or bearer_matches(details.invocation_metadata, self._token):
+            return handler
+        self._note_refusal(details.method)
+
+        def deny(request: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "missing or wrong bearer token: send 'authorization: Bearer <token>' with the "
+                          "token of the agent's control.tcp.token_file")
+
+        if handler.response_streaming:
+            def deny_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                deny(request, context)
+                yield from ()
+
+            return grpc.unary_stream_rpc_method_handler(deny_stream)
+        return grpc.unary_unary_rpc_method_handler(deny)
+
+    def _note_refusal(self, method: str) -> None:
+        with self._lock:
+            self._refused += 1
+            now = time.monotonic()
+            if now - self._logged_at < self._LOG_EVERY_S:
+                return
+            self._logged_at, count, self._refused = now, self._refused, 0
+        log.warning("control API: refused %d call(s) without a valid bearer token (latest: %s)",
+                    count, method)
+
+
+# -- the server -------------------------------------------------------------------------------------------
+
+
+class ControlServer:
+    """The control API's listeners. ``start`` raises ControlServerError (the caller decides whether the
+    agent goes on without the API); ``stop`` is safe to call at any time, twice included."""
+
+    def __init__(self, config: ControlConfig, *, service: CaptureService | None, store: CaptureStore | None,
+                 snapshots: Callable[[], Snapshot | None], alerts: AlertSource | None,
+                 hostname: str | None = None, wall_clock: Callable[[], float] = time.time) -> None:
+        self._config = config
+        self._stopping = threading.Event()
+        common: dict[str, Any] = dict(service=service, store=store, snapshots=snapshots, alerts=alerts,
+                                      hostname=hostname or socket.gethostname(), wall_clock=wall_clock,
+                                      waiting=threading.BoundedSemaphore(MAX_WAITING_CAPTURES),
+                                      stopping=self._stopping)
+        self._unix_servicer = _Servicer(user="unix", **common)
+        self._tcp_servicer = _Servicer(user="token", **common)
+        self._servers: list[grpc.Server] = []
+        self._socket_inode: tuple[int, int] | None = None
+        self.tcp_port: int | None = None  # the bound TCP port (listen_address may say 0), once started
+
+    @property
+    def socket_path(self) -> Path:
+        return self._config.socket
+
+    def start(self) -> None:
+        if self._servers:
+            return
+        self._stopping.clear()
+        try:
+            self._start_unix()
+            if self._config.tcp.enabled:
+                self._start_tcp(self._config.tcp)
+        except BaseException:
+            self.stop(grace=0)
+            raise
+        where = [f"unix:{self._config.socket}"] + ([] if self.tcp_port is None else [
+            f"{self._config.tcp.listen_address} (TLS, bearer token)"])
+        log.info("control API (gpuscope.v1.Agent) listening on %s", ", ".join(where))
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """Stop listening; calls in progress get ``grace`` seconds (a waiting Capture call ends at once,
+        UNAVAILABLE: its capture goes on in the capture service)."""
+        self._stopping.set()
+        servers, self._servers = self._servers, []
+        for server in servers:
+            server.stop(grace).wait()
+        self._remove_socket()
+        self.tcp_port = None
+
+    # -- Unix socket ---------------------------------------------------------------------------------------
+
+    def _start_unix(self) -> None:
+        path = self._config.socket
+        _prepare_socket_dir(path)
+        server = _grpc_server(self._unix_servicer, interceptors=[])
+        # Bind in a private directory, set the mode, then link into place: no client ever sees the
+        # socket with the umask's permissions, and an existing path is never replaced by the link.
+        private = None
+        try:
+            private = Path(tempfile.mkdtemp(prefix=".gpuscope-", dir=path.parent))
+        except OSError as err:
+            raise ControlServerError(f"cannot create the control socket in {path.parent}: "
+                                     f"{err.strerror or err}") from err
+        try:
+            staged = private / "s"
+            # A staged path too long for a socket address: bind in place (then chmod at once).
+            bind_path = staged if len(str(staged).encode()) <= MAX_SOCKET_PATH_BYTES else path
+            _bind(server, f"unix:{bind_path}", what=f"the control socket {path}")
+            try:
+                os.chmod(bind_path, self._config.socket_mode)
+                if bind_path != path:
+                    os.link(bind_path, path)
+                    os.unlink(bind_path)
+                info = os.lstat(path)
+            except OSError as err:
+                server.stop(0)
+                if err.errno == errno.EEXIST:
+                    raise ControlServerError(f"{path} appeared while the control socket was being set up "
+                                             "(another gpuscope agent starting?)") from err
+                raise ControlServerError(f"cannot set up the control socket {path}: "
+                                         f"{err.strerror or err}") from err
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+        self._socket_inode = (info.st_dev, info.st_ino)
+        server.start()
+        self._servers.append(server)
+
+    def _remove_socket(self) -> None:
+        """Unlink the socket if it is still the one this server made (never another agent's)."""
+        ours = self._socket_inode
+        self._socket_inode = None
+        if ours is None:
+            return
+        with contextlib.suppress(OSError):
+            info = os.lstat(self._config.socket)
+            if (info.st_dev, info.st_ino) == ours:
+                os.unlink(self._config.socket)
+
+    # -- TCP -----------------------------------------------------------------------------------------------
+
+    def _start_tcp(self, tcp: TcpConfig) -> None:
+        assert tcp.listen_address and tcp.tls_cert_file and tcp.tls_key_file and tcp.token_file
+        token = read_token(tcp.token_file)
+        cert = _read_pem(tcp.tls_cert_file, "TLS certificate")
+        key = _read_pem(tcp.tls_key_file, "TLS private key")
+        client_ca = None if tcp.client_ca_file is None else _read_pem(tcp.client_ca_file, "client CA")
+        try:
+            credentials = grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
+                                                      require_client_auth=client_ca is not None)
+        except Exception as err:  # grpc raises plain errors for unusable PEM
+            raise ControlServerError(f"cannot use the control API's TLS files: {err}") from err
+        host, port = parse_listen_address(tcp.listen_address)
+        server = _grpc_server(self._tcp_servicer, interceptors=[_BearerTokenInterceptor(token)])
+        self.tcp_port = _bind(server, grpc_address(host, port), what=f"control.tcp.listen_address "
+                              f"{tcp.listen_address}", credentials=credentials)
+        server.start()
+        self._servers.append(server)
+
+
+def _grpc_server(servicer: _Servicer, *, interceptors: list[grpc.ServerInterceptor]) -> grpc.Server:
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="gpuscope-control"),
+        interceptors=interceptors, maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+        options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                 ("grpc.max_send_message_length", MAX_RESPONSE_BYTES),
+                 ("grpc.so_reuseport", 0)])  # never share a port with another process
+    agent_pb2_grpc.add_AgentServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    return server
+
+
+def _bind(server: grpc.Server, address: str, *, what: str,
+          credentials: grpc.ServerCredentials | None = None) -> int:
+    try:
+        port = (server.add_insecure_port(address) if credentials is None
+                else server.add_secure_port(address, credentials))
+    except RuntimeError as err:  # "Failed to bind to address ..."
+        raise ControlServerError(f"cannot listen on {what}: {str(err).split(';')[0]}") from err
+    if not port:
+        raise ControlServerError(f"cannot listen on {what}")
+    return int(port)
+
+
+def _prepare_socket_dir(path: Path) -> None:
+    """Create the socket's directory (0750) and clear a stale socket; refuse anything else in the way."""
+    parent = path.parent
+    try:
+        parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+    except OSError as err:
+        raise ControlServerError(f"cannot create {parent}, the directory of the control socket {path}: "
+                                 f"{err.strerror or err}") from err
+    if not parent.is_dir():
+        raise ControlServerError(f"{parent}, the directory of the control socket, is not a directory")
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise ControlServerError(f"cannot inspect the control socket {path}: {err.strerror or err}") from err
+    if not stat.S_ISSOCK(info.st_mode):
+        raise ControlServerError(f"{path} exists and is not a socket; refusing to replace it "
+                                 "(set control.socket to another path)")
+    if _socket_answers(path):
+        raise ControlServerError(f"another process is serving on the control socket {path} "
+                                 "(another gpuscope agent?)")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        raise ControlServerError(f"cannot remove the stale control socket {path}: "
+                                 f"{err.strerror or err}") from err
+    log.info("removed a stale control socket at %s", path)
+
+
+def _socket_answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError as err:
+            raise ControlServerError(f"cannot tell whether the control socket {path} is in use: "
+                                     f"{err.strerror or err}") from err
+        return True
+
+
+def _read_pem(path: Path, what: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ControlServerError(f"cannot read the control API's {what} {path}: "
+                                 f"{err.strerror or err}") from err
+    if b"-----BEGIN " not in data:
+        raise ControlServerError(f"the control API's {what} {path} is not PEM")
+    return data

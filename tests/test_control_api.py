@@ -1,0 +1,753 @@
+"""The control API (gpuscope.v1.Agent): a real ControlServer on a Unix socket (and on TLS), a real capture
+service over a real store; the profiler is a fake backend where the point is the API, and a real JAX job
+for one capture end to end (Capture -> ListCaptures -> GetCapture -> the XSpace parses)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import ipaddress
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from pydantic import ValidationError
+from test_alert_scenarios import ManualClock
+from test_capture_service import jax_job, scenario_for  # noqa: F401 (jax_job: a fixture)
+from test_capture_tsl import Workload
+
+from gpuscope.capture.config import CaptureConfig, StaticTarget
+from gpuscope.capture.model import BackendResult, CaptureTarget
+from gpuscope.capture.policy import CapturePolicy
+from gpuscope.capture.records import record_from_bytes
+from gpuscope.capture.service import CaptureService
+from gpuscope.capture.store import CaptureStore
+from gpuscope.capture.targets import TargetResolver
+from gpuscope.capture.tsl import TslProfilerBackend
+from gpuscope.control.client import ControlClient, ControlError, safe_relative_path, write_chunks
+from gpuscope.control.config import ControlConfig
+from gpuscope.control.server import CHUNK_BYTES, ControlServer, ControlServerError
+from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
+from gpuscope.generated.tsl import xplane_pb2
+from gpuscope.nvml import Nvml
+from gpuscope.processes import ProcessInspector
+from gpuscope.sampler import Sampler
+from gpuscope.simulate import Simulation
+from gpuscope.simulate.loader import parse_scenario
+from gpuscope.snapshot import GpuReading, Snapshot
+
+PROFILER = "127.0.0.1:6009"  # what the fake backend "profiles"
+TOKEN = "s3cret-token-0123456789abcdef"
+
+
+# -- helpers shared with test_cli_capture.py ----------------------------------------------------------------
+
+
+class FakeBackend:
+    """Writes one trace of ``size`` bytes per capture (more than one chunk by default); counts calls."""
+
+    kind = "tsl"
+
+    def __init__(self, size: int = CHUNK_BYTES * 2 + 12345, outcome: str = "captured") -> None:
+        self.size = size
+        self.outcome = outcome
+        self.calls: list[tuple[float, str | None, float]] = []  # (wall clock, address, duration)
+
+    def capture(self, target: CaptureTarget, duration_s: float, staging: Path, *, run: str,
+                deadline_s: float) -> BackendResult:
+        self.calls.append((time.time(), target.address, duration_s))
+        if self.outcome != "captured":
+            return BackendResult(self.outcome, error="fake")  # type: ignore[arg-type]
+        folder = staging / "plugins" / "profile" / run
+        folder.mkdir(parents=True)
+        (folder / "fake.xplane.pb").write_bytes(os.urandom(self.size))
+        return BackendResult("captured", files=(f"plugins/profile/{run}/fake.xplane.pb",))
+
+
+def one_gpu_snapshot() -> Snapshot:
+    gpu = GpuReading(index=0, uuid="GPU-fake-0", name="Fake GPU", pci_bus_id="00000000:01:00.0", up=True)
+    return Snapshot(timestamp=time.time(), hostname="node", nvml_up=True, driver_version="1",
+                    gpus=(gpu,), sample_duration_seconds=0.01)
+
+
+@dataclass
+class Node:
+    """An agent's control side: server, capture service, store and fake backend."""
+
+    server: ControlServer
+    service: CaptureService | None
+    store: CaptureStore | None
+    backend: FakeBackend
+    socket: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def client(self) -> ControlClient:
+        return ControlClient(self.socket)
+
+    def stub(self) -> tuple[grpc.Channel, Any]:
+        channel = grpc.insecure_channel(f"unix:{self.socket}")
+        return channel, agent_pb2_grpc.AgentStub(channel)
+
+
+@contextlib.contextmanager
+def short_dir() -> Iterator[Path]:
+    """A directory with a short path (a socket address holds at most 107 bytes; pytest's tmp is long)."""
+    path = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_node(tmp: Path, *, capture: dict[str, Any] | None = None, control: dict[str, Any] | None = None,
+                 backend: FakeBackend | None = None, with_service: bool = True,
+                 snapshot: Snapshot | None = None, alerts: Any = None) -> Iterator[Node]:
+    backend = backend or FakeBackend()
+    with short_dir() as sockets:
+        sock = sockets / "run" / "gpuscope" / "control.sock"
+        config = ControlConfig.model_validate({"socket": str(sock), **(control or {})})
+        store = service = None
+        if with_service:
+            capture_config = CaptureConfig.model_validate(
+                {"store": {"root": str(tmp / "captures")}, "duration": "200ms", **(capture or {})})
+            store = CaptureStore(tmp / "captures", quota_bytes=capture_config.store.quota_bytes)
+            service = CaptureService(
+                store=store, policy=CapturePolicy(capture_config),
+                resolver=TargetResolver(profiler_ports=[6009],
+                                        static_targets=[StaticTarget(address=PROFILER, all=True)]),
+                backends={"tsl": backend}, snapshots=lambda: snapshot, hostname="node", deadline_margin_s=5.0)
+            service.start()
+        server = ControlServer(config, service=service, store=store, snapshots=lambda: snapshot,
+                               alerts=alerts, hostname="node")
+        server.start()
+        try:
+            yield Node(server, service, store, backend, sock)
+        finally:
+            server.stop(grace=0)
+            if service is not None:
+                service.stop()
+            if store is not None:
+                store.close()
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def make_pki(folder: Path) -> Pki:
+    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate, as PEM files."""
+    crypto = pytest.importorskip("cryptography")
+    del crypto
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    usage = x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                          data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+                          encipher_only=False, decipher_only=False)
+    ca = (x509.CertificateBuilder().subject_name(name("gpuscope test CA"))
+          .issuer_name(name("gpuscope test CA"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(usage, critical=True)
+          .sign(ca_key, hashes.SHA256()))
+
+    def leaf(cn: str, usage: Any, sans: list[x509.GeneralName]) -> tuple[bytes, bytes]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca.subject)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                   .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(ca_key, hashes.SHA256())
+        return cert.public_bytes(serialization.Encoding.PEM), key_pem(key)
+
+    server_cert, server_key = leaf("localhost", ExtendedKeyUsageOID.SERVER_AUTH,
+                                   [x509.DNSName("localhost"),
+                                    x509.IPAddress(ipaddress.IPv4Address("127.0.0.1"))])
+    client_cert, client_key = leaf("fleet-controller", ExtendedKeyUsageOID.CLIENT_AUTH, [])
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"ca.crt": ca.public_bytes(serialization.Encoding.PEM), "server.crt": server_cert,
+             "server.key": server_key, "client.crt": client_cert, "client.key": client_key}
+    for file_name, data in files.items():
+        (folder / file_name).write_bytes(data)
+        (folder / file_name).chmod(0o600)
+    return Pki(folder / "ca.crt", folder / "server.crt", folder / "server.key", folder / "client.crt",
+               folder / "client.key")
+
+
+def tcp_control(pki: Pki, token_file: Path, *, mtls: bool = False) -> dict[str, Any]:
+    token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
+    tcp = {"listen_address": "127.0.0.1:0", "tls_cert_file": str(pki.server_cert),
+           "tls_key_file": str(pki.server_key), "token_file": str(token_file)}
+    if mtls:
+        tcp["client_ca_file"] = str(pki.ca)
+    return {"tcp": tcp}
+
+
+def rpc_error(call: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        result = call()
+        if hasattr(result, "__iter__") and not isinstance(result, (bytes, str)):
+            list(result)
+    return caught.value
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# -- configuration -------------------------------------------------------------------------------------------
+
+
+def test_config_defaults_and_refusals() -> None:
+    config = ControlConfig()
+    assert config.socket == Path("/run/gpuscope/control.sock") and config.socket_mode == 0o660
+    assert config.enabled and not config.tcp.enabled
+    assert ControlConfig.model_validate({"socket_mode": "0640"}).socket_mode == 0o640
+    assert ControlConfig.model_validate({"socket_mode": 0o600}).socket_mode == 0o600
+    problems = {
+        "TLS and a bearer token": {"tcp": {"listen_address": "0.0.0.0:9848"}},
+        "token_file": {"tcp": {"listen_address": ":9848", "tls_cert_file": "/c", "tls_key_file": "/k"}},
+        "listen_address is not": {"tcp": {"token_file": "/t"}},
+        "world-writable": {"socket_mode": "0666"},
+        "absolute path": {"socket": "run/control.sock"},
+        "longer than 107": {"socket": "/" + "x" * 120},
+        "octal": {"socket_mode": "abc"},
+        "port": {"tcp": {"listen_address": "host:99999", "tls_cert_file": "/c", "tls_key_file": "/k",
+                         "token_file": "/t"}},
+        "Extra inputs": {"max_capture_duration": "10s"},
+    }
+    for expected, data in problems.items():
+        with pytest.raises(ValidationError, match=expected):
+            ControlConfig.model_validate(data)
+    full = ControlConfig.model_validate({"tcp": {"listen_address": "[::1]:9848", "tls_cert_file": "/c",
+                                                 "tls_key_file": "/k", "token_file": "/t"}})
+    assert full.tcp.enabled
+
+
+# -- the Unix socket -----------------------------------------------------------------------------------------
+
+
+def test_socket_mode_directory_and_cleanup(tmp_path: Path) -> None:
+    with running_node(tmp_path) as node:
+        info = os.lstat(node.socket)
+        assert stat.S_ISSOCK(info.st_mode)
+        assert stat.S_IMODE(info.st_mode) == 0o660
+        assert stat.S_IMODE(os.stat(node.socket.parent).st_mode) == 0o750  # created by the server
+        assert os.listdir(node.socket.parent) == ["control.sock"]  # the private bind directory is gone
+        with node.client() as client:
+            assert client.list_captures() == []
+    assert not node.socket.exists()  # stop removed it
+
+
+def test_a_stale_socket_is_replaced_a_live_one_or_a_file_is_refused(tmp_path: Path) -> None:
+    with short_dir() as folder:
+        path = folder / "control.sock"
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stale.bind(str(path))
+        stale.close()  # bound, never listening: nobody answers
+        config = ControlConfig.model_validate({"socket": str(path), "socket_mode": "0600"})
+        first = ControlServer(config, service=None, store=None, snapshots=lambda: None, alerts=None)
+        first.start()
+        try:
+            assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
+            second = ControlServer(config, service=None, store=None, snapshots=lambda: None, alerts=None)
+            with pytest.raises(ControlServerError, match="another process is serving"):
+                second.start()
+            assert stat.S_ISSOCK(os.lstat(path).st_mode)  # the live one is untouched
+            with ControlClient(path) as client:
+                assert client.list_alerts() == {"enabled": False, "alerts": []}
+        finally:
+            first.stop()
+        path.write_text("not a socket")
+        with pytest.raises(ControlServerError, match="exists and is not a socket"):
+            ControlServer(config, service=None, store=None, snapshots=lambda: None, alerts=None).start()
+        assert path.read_text() == "not a socket"
+
+
+def test_an_uncreatable_socket_directory_is_a_clear_error(tmp_path: Path) -> None:
+    with short_dir() as folder:
+        (folder / "file").write_text("")
+        path = folder / "file" / "control.sock"
+        server = ControlServer(ControlConfig.model_validate({"socket": str(path)}), service=None, store=None,
+                               snapshots=lambda: None, alerts=None)
+        with pytest.raises(ControlServerError, match=re.escape(str(path.parent))):
+            server.start()
+        server.stop()  # harmless
+
+
+# -- the methods ---------------------------------------------------------------------------------------------
+
+
+def test_snapshot_and_alerts(tmp_path: Path) -> None:
+    with running_node(tmp_path, with_service=False) as node, node.client() as client:
+        with pytest.raises(ControlError, match="no snapshot yet") as caught:
+            client.get_snapshot()
+        assert caught.value.code == grpc.StatusCode.UNAVAILABLE
+        assert client.list_alerts() == {"enabled": False, "alerts": []}
+    snapshot = one_gpu_snapshot()
+
+    class Alerts:
+        def alerts(self) -> list[Any]:
+            return []
+
+    with running_node(tmp_path, snapshot=snapshot, alerts=Alerts()) as node, node.client() as client:
+        document = client.get_snapshot()
+        assert document["hostname"] == "node" and document["gpus"][0]["uuid"] == "GPU-fake-0"
+        assert document == json.loads(json.dumps(snapshot.to_json()))
+        assert client.list_alerts() == {"enabled": True, "alerts": []}
+
+
+def test_capture_list_and_get_through_the_api(tmp_path: Path) -> None:
+    with running_node(tmp_path, snapshot=one_gpu_snapshot()) as node, node.client() as client:
+        assert node.store is not None
+        record = client.capture(gpu=0, duration_s=0.25, reason="looking at stalls")
+        assert record["outcome"] == "captured", record
+        for key in ("id", "outcome", "gpu", "pids", "target", "files"):
+            assert key in record
+        assert record["gpu"] == 0 and record["target"] == f"tsl {PROFILER}"
+        assert record["trigger"] == {"kind": "user", "alertname": None, "user": "unix"}
+        assert record["duration_s"] == 0.25 and node.backend.calls[0][2] == 0.25
+        by_target = client.capture(target=PROFILER)  # no duration: the agent's default (200ms)
+        assert by_target["outcome"] == "captured" and by_target["duration_s"] == 0.2
+
+        listed = client.list_captures()
+        assert [r["id"] for r in listed] == [by_target["id"], record["id"]]  # newest first
+        assert [r["id"] for r in client.list_captures(limit=1)] == [by_target["id"]]
+
+        out = tmp_path / "download"
+        written = client.get_capture(record["id"], out)
+        stored = {f.relative: f.path.read_bytes() for f in node.store.files(record["id"])}
+        assert written == sorted(stored) == ["capture.json", *record["files"]]
+        assert tree(out) == stored  # byte for byte, over several 1 MiB chunks
+        assert record_from_bytes((out / "capture.json").read_bytes()).id == record["id"]
+
+
+def test_get_capture_streams_files_in_1mib_chunks(tmp_path: Path) -> None:
+    with running_node(tmp_path, backend=FakeBackend(size=CHUNK_BYTES * 2)) as node:
+        with node.client() as client:
+            capture_id = client.capture(target=PROFILER)["id"]
+        channel, stub = node.stub()
+        with channel:
+            chunks = list(stub.GetCapture(agent_pb2.GetCaptureRequest(id=capture_id), timeout=10))
+    trace = [c for c in chunks if c.path.endswith(".xplane.pb")]
+    assert [(c.offset, len(c.data), c.last) for c in trace] == [(0, CHUNK_BYTES, False),
+                                                                (CHUNK_BYTES, CHUNK_BYTES, True)]
+    assert [c.path for c in chunks if c.last] == ["capture.json", trace[0].path]
+
+
+def test_invalid_requests_are_invalid_argument_and_capture_nothing(tmp_path: Path) -> None:
+    with running_node(tmp_path) as node:
+        channel, stub = node.stub()
+        with channel:
+            bad = {
+                "gpu, pid or target": agent_pb2.CaptureRequest(duration_ms=1000),
+                "longer than the maximum": agent_pb2.CaptureRequest(gpu=0, duration_ms=31_000),
+                "ahead": agent_pb2.CaptureRequest(gpu=0, start_at=time.time() + 600),
+                "finite": agent_pb2.CaptureRequest(gpu=0, start_at=float("nan")),
+                "GPU index": agent_pb2.CaptureRequest(gpu=-1),
+                "process id": agent_pb2.CaptureRequest(pid=0),
+                "not supported": agent_pb2.CaptureRequest(target="unix:/var/run/x:1"),
+                "not host:port": agent_pb2.CaptureRequest(target="nowhere"),
+            }
+            for expected, request in bad.items():
+                err = rpc_error(lambda request=request: stub.Capture(request, timeout=10))
+                assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (expected, err)
+                assert expected in err.details(), (expected, err.details())
+        with node.client() as client, pytest.raises(ControlError, match="exactly one") as caught:
+            client.capture(gpu=0, pid=1)
+        assert caught.value.usage
+    assert node.backend.calls == [] and node.store is not None
+    assert not list((tmp_path / "captures").glob("2*"))
+
+
+def test_a_refusal_is_a_result_not_an_error(tmp_path: Path) -> None:
+    with running_node(tmp_path, capture={"enabled": False}) as node, node.client() as client:
+        record = client.capture(gpu=0, duration_s=1)
+        assert record["outcome"] == "refused" and "capture.enabled" in record["error"]
+        record = client.capture(gpu=0, duration_s=20)
+        assert record["outcome"] == "refused"
+    with running_node(tmp_path / "b", with_service=False) as node, node.client() as client:
+        record = client.capture(pid=123)
+        assert record["outcome"] == "refused" and "disabled" in record["error"] and record["pids"] == [123]
+        with pytest.raises(ControlError, match="captures are disabled") as caught:
+            client.list_captures()
+        assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert node.backend.calls == []
+
+
+def test_oversized_requests_are_refused_and_nothing_is_stored(tmp_path: Path) -> None:
+    with running_node(tmp_path) as node:
+        channel, stub = node.stub()
+        with channel:
+            huge = agent_pb2.CaptureRequest(target="h" * 100_000 + ":6009", duration_ms=100)
+            err = rpc_error(lambda: stub.Capture(huge, timeout=10))
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            big_id = agent_pb2.GetCaptureRequest(id="x" * 100_000)
+            err = rpc_error(lambda: stub.GetCapture(big_id, timeout=10))
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            # The server is still fine afterwards.
+            assert stub.ListCaptures(agent_pb2.ListCapturesRequest(), timeout=10).captures == []
+    assert node.backend.calls == []
+    assert not list((tmp_path / "captures").glob("2*"))
+
+
+@pytest.mark.parametrize("capture_id", [
+    "../x", "..", "../../etc/passwd", "/etc/passwd", "a/b", "", ".", ".lock", ".staging",
+    "20250101T000000Z-gpu0-abcdef/../x", "20250101T000000Z-gpu0-abcdef/", "%2e%2e%2f", "x\x00y",
+    "20250101T000000Z-gpu0-ABCDEF",
+])
+def test_traversal_and_malformed_ids_are_invalid_argument(tmp_path: Path, capture_id: str) -> None:
+    with running_node(tmp_path, with_service=True) as node:
+        (tmp_path / "captures" / ".." / "secret").write_text("outside")
+        channel, stub = node.stub()
+        with channel:
+            err = rpc_error(lambda: stub.GetCapture(agent_pb2.GetCaptureRequest(id=capture_id), timeout=10))
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+        with node.client() as client, pytest.raises(ControlError) as caught:
+            client.get_capture(capture_id, tmp_path / "out")
+        assert caught.value.usage  # refused before anything is sent
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_id_is_not_found(tmp_path: Path) -> None:
+    with running_node(tmp_path) as node, node.client() as client:
+        with pytest.raises(ControlError, match="no capture") as caught:
+            client.get_capture("20250101T000000Z-gpu0-abcdef", tmp_path / "out")
+        assert caught.value.code == grpc.StatusCode.NOT_FOUND and not caught.value.usage
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+# -- the client's side of GetCapture -------------------------------------------------------------------------
+
+
+def test_get_never_overwrites_and_leaves_the_directory_as_it_was(tmp_path: Path) -> None:
+    with running_node(tmp_path) as node, node.client() as client:
+        record = client.capture(target=PROFILER)
+        out = tmp_path / "out"
+        client.get_capture(record["id"], out)
+        before = tree(out)
+        mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+        with pytest.raises(ControlError, match="already exists; refusing to overwrite"):
+            client.get_capture(record["id"], out)
+        assert tree(out) == before and {p: p.stat().st_mtime_ns for p in out.rglob("*")} == mtimes
+
+        # A directory holding only the trace's name: capture.json (sent first) is written, then the
+        # trace collides; the download is undone, the existing file kept as it was.
+        other = tmp_path / "other"
+        trace = other / record["files"][0]
+        trace.parent.mkdir(parents=True)
+        trace.write_bytes(b"mine")
+        with pytest.raises(ControlError, match="refusing to overwrite"):
+            client.get_capture(record["id"], other)
+        assert tree(other) == {record["files"][0]: b"mine"}
+
+
+def chunk(path: str, data: bytes = b"x", offset: int = 0, last: bool = True) -> agent_pb2.FileChunk:
+    return agent_pb2.FileChunk(path=path, offset=offset, data=data, last=last)
+
+
+@pytest.mark.parametrize("path", [
+    "../evil", "../../evil", "/tmp/evil", "a/../../evil", "a/../b", "./a", "a//b", "a/", "", "a\\..\\evil",
+    "a\x00b", "..", ".", "x/" * 40 + "f", "a" * 300,
+])
+def test_the_client_refuses_paths_that_could_escape(tmp_path: Path, path: str) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(ControlError, match="refusing"):
+        safe_relative_path(path)
+    with pytest.raises(ControlError):
+        write_chunks([chunk("capture.json", b"{}"), chunk(path, b"evil")], out)
+    assert list(out.iterdir()) == []  # capture.json, written first, was removed again
+    assert not (tmp_path / "evil").exists()
+
+
+def test_the_client_refuses_symlinks_in_the_way_and_broken_streams(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "plugins").symlink_to(outside)
+    with pytest.raises(ControlError, match="symlink"):
+        write_chunks([chunk("plugins/profile/x.xplane.pb", b"evil")], out)
+    (out / "capture.json").symlink_to(outside / "target")
+    with pytest.raises(ControlError, match="refusing to overwrite"):
+        write_chunks([chunk("capture.json", b"evil")], out)
+    assert list(outside.iterdir()) == []
+    assert sorted(p.name for p in out.iterdir()) == ["capture.json", "plugins"]
+
+    clean = tmp_path / "clean"
+    broken = {
+        "out of order": [chunk("a", b"12", last=False), chunk("a", b"3", offset=5)],
+        "middle of": [chunk("a", b"12", last=False)],
+        "before the end": [chunk("a", b"1", last=False), chunk("b")],
+        "twice": [chunk("a"), chunk("a")],
+    }
+    for expected, chunks in broken.items():
+        with pytest.raises(ControlError, match=expected):
+            write_chunks(chunks, clean)
+        assert list(clean.iterdir()) == [], expected
+    assert write_chunks([chunk("d/e/f", b"ab", last=False), chunk("d/e/f", b"c", offset=2), chunk("g", b"")],
+                        clean) == ["d/e/f", "g"]
+    assert tree(clean) == {"d/e/f": b"abc", "g": b""}
+
+
+def test_a_malicious_server_cannot_write_outside(tmp_path: Path) -> None:
+    """A server that streams '../evil': the real client, over a real channel, refuses it."""
+
+    class Evil(agent_pb2_grpc.AgentServicer):  # type: ignore[misc]
+        def GetCapture(self, request: Any, context: Any) -> Iterator[agent_pb2.FileChunk]:
+            yield chunk("capture.json", b"{}")
+            yield chunk("../evil", b"gotcha")
+
+    from concurrent import futures
+
+    with short_dir() as folder:
+        server = grpc.server(futures.ThreadPoolExecutor(2))
+        agent_pb2_grpc.add_AgentServicer_to_server(Evil(), server)
+        server.add_insecure_port(f"unix:{folder / 'evil.sock'}")
+        server.start()
+        try:
+            with ControlClient(folder / "evil.sock") as client, pytest.raises(ControlError, match="unsafe"):
+                client.get_capture("20250101T000000Z-gpu0-abcdef", tmp_path / "out")
+        finally:
+            server.stop(0)
+    assert not (tmp_path / "evil").exists()
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_missing_socket_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ControlError, match=r"no gpuscope agent control socket at .* is the agent running"):
+        ControlClient(tmp_path / "nothing.sock")
+
+
+# -- TCP: TLS and a bearer token -----------------------------------------------------------------------------
+
+
+def test_tcp_requires_tls_and_the_token(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    control = tcp_control(pki, tmp_path / "token")
+    with running_node(tmp_path, control=control, snapshot=one_gpu_snapshot()) as node:
+        port = node.server.tcp_port
+        assert port
+        address = f"127.0.0.1:{port}"
+        with ControlClient(address, tls_ca=pki.ca, token_file=tmp_path / "token") as client:
+            record = client.capture(gpu=0, duration_s=0.1)
+            assert record["outcome"] == "captured"
+            assert record["trigger"]["user"] == "token"
+            assert [r["id"] for r in client.list_captures()] == [record["id"]]
+            assert client.get_capture(record["id"], tmp_path / "got")
+        calls = len(node.backend.calls)
+
+        wrong = tmp_path / "wrong"
+        wrong.write_text("not-the-token-0123456789")
+        with ControlClient(address, tls_ca=pki.ca, token_file=wrong) as client:
+            for call in (lambda: client.capture(gpu=0, duration_s=0.1), client.list_captures,
+                         lambda: client.get_capture(record["id"], tmp_path / "wrong-out")):
+                with pytest.raises(ControlError, match="refused the credentials") as caught:
+                    call()
+                assert caught.value.code == grpc.StatusCode.UNAUTHENTICATED
+        assert not (tmp_path / "wrong-out").exists() or not list((tmp_path / "wrong-out").iterdir())
+
+        # No token at all (TLS alone), and a token in another scheme.
+        credentials = grpc.ssl_channel_credentials(root_certificates=pki.ca.read_bytes())
+        with grpc.secure_channel(address, credentials) as channel:
+            stub = agent_pb2_grpc.AgentStub(channel)
+            for metadata in ((), (("authorization", f"Basic {TOKEN}"),), (("authorization", TOKEN),),
+                             (("authorization", f"Bearer {TOKEN}x"),)):
+                err = rpc_error(lambda metadata=metadata: stub.Capture(
+                    agent_pb2.CaptureRequest(gpu=0, duration_ms=100), metadata=metadata, timeout=10))
+                assert err.code() == grpc.StatusCode.UNAUTHENTICATED, err
+                assert "bearer token" in err.details()
+                assert TOKEN not in err.details()
+            ok = stub.ListCaptures(agent_pb2.ListCapturesRequest(), timeout=10,
+                                   metadata=(("authorization", f"Bearer {TOKEN}"),))
+            assert len(ok.captures) == 1
+        # Plain text to the TLS port does not get through either.
+        with grpc.insecure_channel(address) as channel:
+            err = rpc_error(lambda: agent_pb2_grpc.AgentStub(channel).ListCaptures(
+                agent_pb2.ListCapturesRequest(), timeout=5, metadata=(("authorization", f"Bearer {TOKEN}"),)))
+            assert err.code() == grpc.StatusCode.UNAVAILABLE
+        assert len(node.backend.calls) == calls  # nothing captured without the token
+        assert node.store is not None and len(node.store.list()) == 1
+
+
+def test_mutual_tls(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    control = tcp_control(pki, tmp_path / "token", mtls=True)
+    with running_node(tmp_path, control=control) as node:
+        address = f"127.0.0.1:{node.server.tcp_port}"
+        with ControlClient(address, tls_ca=pki.ca, token_file=tmp_path / "token", tls_cert=pki.client_cert,
+                           tls_key=pki.client_key) as client:
+            assert client.list_captures() == []
+        with ControlClient(address, tls_ca=pki.ca, token_file=tmp_path / "token") as client, \
+                pytest.raises(ControlError, match="cannot reach"):
+            client.list_captures()
+
+
+def test_tcp_setup_errors_are_clear(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    control = tcp_control(pki, tmp_path / "token")
+    (tmp_path / "token").write_text("short")
+    with short_dir() as folder:
+        config = ControlConfig.model_validate({"socket": str(folder / "c.sock"), **control})
+        server = ControlServer(config, service=None, store=None, snapshots=lambda: None, alerts=None)
+        with pytest.raises(ControlServerError, match="shorter than 16") as caught:
+            server.start()
+        assert "short" not in str(caught.value).replace("shorter", "")  # the token is never shown
+        assert not (folder / "c.sock").exists()  # the Unix socket was not left behind
+
+        missing = {**control["tcp"], "tls_cert_file": str(tmp_path / "missing.crt")}
+        (tmp_path / "token").write_text(TOKEN)
+        config = ControlConfig.model_validate({"socket": str(folder / "c.sock"), "tcp": missing})
+        with pytest.raises(ControlServerError, match=r"missing\.crt"):
+            ControlServer(config, service=None, store=None, snapshots=lambda: None, alerts=None).start()
+
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            busy = {**control["tcp"], "listen_address": f"127.0.0.1:{taken.getsockname()[1]}"}
+            config = ControlConfig.model_validate({"socket": str(folder / "c.sock"), "tcp": busy})
+            with pytest.raises(ControlServerError, match=r"cannot listen on control\.tcp\.listen_address"):
+                ControlServer(config, service=None, store=None, snapshots=lambda: None, alerts=None).start()
+    with pytest.raises(ControlError, match="needs a bearer token"):
+        ControlClient("127.0.0.1:1", tls_ca=pki.ca)
+
+
+# -- concurrency ---------------------------------------------------------------------------------------------
+
+
+def test_other_methods_answer_while_a_capture_runs(tmp_path: Path) -> None:
+    class Slow(FakeBackend):
+        def capture(self, target: CaptureTarget, duration_s: float, staging: Path, *, run: str,
+                    deadline_s: float) -> BackendResult:
+            time.sleep(duration_s)
+            return super().capture(target, duration_s, staging, run=run, deadline_s=deadline_s)
+
+    with running_node(tmp_path, backend=Slow(size=10)) as node, node.client() as client:
+        results: list[dict[str, Any]] = []
+        worker = threading.Thread(target=lambda: results.append(client.capture(target=PROFILER,
+                                                                               duration_s=1.5)))
+        worker.start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        assert client.list_captures() == [] and client.list_alerts()["enabled"] is False
+        assert time.monotonic() - started < 1.0
+        second = client.capture(target=PROFILER, duration_s=0.1)  # queued behind the first
+        worker.join(timeout=20)
+        assert results[0]["outcome"] == "captured" and second["outcome"] == "captured"
+
+
+def test_stop_does_not_wait_for_a_capture_in_progress(tmp_path: Path) -> None:
+    class Slow(FakeBackend):
+        def capture(self, target: CaptureTarget, duration_s: float, staging: Path, *, run: str,
+                    deadline_s: float) -> BackendResult:
+            time.sleep(2.0)
+            return super().capture(target, duration_s, staging, run=run, deadline_s=deadline_s)
+
+    with running_node(tmp_path, backend=Slow(size=10)) as node, node.client() as client:
+        errors: list[ControlError] = []
+
+        def call() -> None:
+            try:
+                client.capture(target=PROFILER, duration_s=1)
+            except ControlError as err:
+                errors.append(err)
+
+        worker = threading.Thread(target=call)
+        worker.start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        node.server.stop(grace=0.2)
+        assert time.monotonic() - started < 1.0
+        worker.join(timeout=5)
+        assert errors and errors[0].code == grpc.StatusCode.UNAVAILABLE, errors
+        assert not node.socket.exists()
+        assert node.store is not None
+        deadline = time.monotonic() + 10  # the capture itself went on, and was stored
+        while not node.store.list() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [r.outcome for r in node.store.list()] == ["captured"]
+
+
+# -- a real JAX job, end to end ---------------------------------------------------------------------------
+
+
+def test_a_real_jax_capture_through_the_api(jax_job: Workload, tmp_path: Path) -> None:  # noqa: F811
+    clock = ManualClock()
+    config = CaptureConfig.model_validate({"store": {"root": str(tmp_path / "captures")},
+                                           "profiler_ports": [jax_job.port], "duration": "1s"})
+    store = CaptureStore(tmp_path / "captures", quota_bytes=config.store.quota_bytes)
+    simulation = Simulation(parse_scenario(scenario_for(jax_job.proc.pid), source="control-e2e"), clock=clock)
+    simulation.install()
+    sampler = Sampler(Nvml(clock=clock), ProcessInspector(host_pid_namespace=True), clock=clock,
+                      wall_clock=lambda: 1.7e9 + clock.now, hostname="sim-node")
+    service = CaptureService(store=store, policy=CapturePolicy(config),
+                             resolver=TargetResolver(profiler_ports=config.profiler_ports, static_targets=[]),
+                             backends={"tsl": TslProfilerBackend()}, snapshots=sampler.latest,
+                             hostname="sim-node", deadline_margin_s=config.deadline_margin)
+    service.start()
+    try:
+        sampler.tick()  # GPU 1 runs the JAX job (its real pid)
+        with short_dir() as folder:
+            control = ControlConfig.model_validate({"socket": str(folder / "control.sock")})
+            server = ControlServer(control, service=service, store=store, snapshots=sampler.latest,
+                                   alerts=None, hostname="sim-node")
+            server.start()
+            try:
+                with ControlClient(folder / "control.sock") as client:
+                    record = client.capture(gpu=1, duration_s=0.8)
+                    assert record["outcome"] == "captured", record
+                    assert record["gpu"] == 1 and jax_job.proc.pid in record["pids"]
+                    assert record["target"] == f"tsl 127.0.0.1:{jax_job.port}"
+                    assert [r["id"] for r in client.list_captures()] == [record["id"]]
+                    written = client.get_capture(record["id"], tmp_path / "got")
+            finally:
+                server.stop()
+        assert written == ["capture.json", *record["files"]]
+        (xplane,) = [f for f in written if f.endswith(".xplane.pb")]
+        data = (tmp_path / "got" / xplane).read_bytes()
+        assert data == (store.path(record["id"]) / xplane).read_bytes()
+        space = xplane_pb2.XSpace.FromString(data)
+        assert "/host:CPU" in [plane.name for plane in space.planes]
+        assert sum(len(line.events) for plane in space.planes for line in plane.lines) > 100
+    finally:
+        service.stop()
+        sampler.stop()
+        simulation.uninstall()
+        store.close()
