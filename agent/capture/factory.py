@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuscope.capture.config import CaptureConfig
+from gpuscope.capture.kineto import KinetoBackend, KinetoDaemon, KinetoDaemonError
 from gpuscope.capture.model import CaptureBackend
 from gpuscope.capture.policy import CapturePolicy
 from gpuscope.capture.service import CaptureService
@@ -22,12 +23,19 @@ log = logging.getLogger(__name__)
 class Captures:
     service: CaptureService
     store: CaptureStore
+    kineto: KinetoDaemon
 
     def start(self) -> None:
+        try:
+            self.kineto.start()
+        except KinetoDaemonError as err:  # e.g. a dynolog daemon already owns @dynolog
+            log.warning("PyTorch (Kineto) captures disabled: %s", err)
         self.service.start()
 
     def stop(self) -> None:
         self.service.stop()
+        if self.kineto.running:
+            self.kineto.stop()
         self.store.close()
 
 
@@ -43,9 +51,13 @@ def build_captures(config: CaptureConfig, *, snapshots: Callable[[], Snapshot | 
         log.warning("captures disabled: cannot use the capture store %s (%s); set capture.store.root "
                     "to a writable directory", config.store.root, err)
         return None
-    backends: dict[str, CaptureBackend] = {"tsl": TslProfilerBackend()}
-    resolver = TargetResolver(profiler_ports=config.profiler_ports, static_targets=config.targets)
+    # The node's Kineto on-demand daemon: PyTorch jobs started with KINETO_USE_DAEMON=1 register here.
+    kineto = KinetoDaemon()
+    backends: dict[str, CaptureBackend] = {"tsl": TslProfilerBackend(),
+                                           "kineto": KinetoBackend(kineto, hostname=hostname)}
+    resolver = TargetResolver(profiler_ports=config.profiler_ports, static_targets=config.targets,
+                              kineto_registered=kineto.registered)
     service = CaptureService(store=store, policy=CapturePolicy(config), resolver=resolver,
                              backends=backends, snapshots=snapshots, hostname=hostname,
                              deadline_margin_s=config.deadline_margin)
-    return Captures(service, store)
+    return Captures(service, store, kineto)

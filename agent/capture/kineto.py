@@ -1,0 +1,788 @@
+"""PyTorch captures: the agent acts as the node's Kineto on-demand daemon (the role dynolog plays).
+
+A PyTorch process started with ``KINETO_USE_DAEMON=1`` in its environment polls a daemon over a Unix
+datagram socket for a trace configuration. The protocol (measured against PyTorch 2.13, CPU wheel):
+
+* The daemon's address is the abstract name ``@dynolog`` *with* a trailing NUL byte (sun_path
+  ``"\\0dynolog\\0"``, address length family + 9). With ``KINETO_IPC_SOCKET_DIR=<dir>`` in the process's
+  environment it is the file ``<dir>/dynolog`` instead (and the client's socket is a file in ``<dir>``).
+* Each process binds ``@dynoconfigclient<uuid>`` (or ``<dir>/dynoconfigclient<uuid>``) and sends a
+  request right at ``import torch``, then every 5 s (``ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS`` in the
+  process's ``KINETO_CONFIG`` file changes that). Without a daemon each poll retries for about 10 s
+  and logs an error, so a process finds a daemon started later within about 15 s.
+* Request: header ``{size_t size; char type[32] = "req"}`` (40 bytes), body ``{int32 type; int32 n;
+  int64 jobid; int32 pids[n]}``: ``type`` is a bit set (1 events, 2 activities): 3 normally, 1 while
+  the process's activity profiler is busy (a trace running, or the script profiling itself with
+  ``torch.profiler``): then a trace config would be ignored. ``pids`` is the process then its
+  ancestors, as the process sees them (its PID namespace); ``jobid`` is ``SLURM_JOB_ID``.
+* Reply, on the client's socket: the same header (type ``"req"``) and a config text; empty means
+  nothing to do. The client waits about 50 ms for it (5 tries 10 ms apart, per Kineto's source); a
+  later reply stays queued and is read at the next poll.
+* With ``ACTIVITIES_LOG_FILE=<dir>/trace.json`` the process writes ``<dir>/trace_<pid>.json.tmp``
+  (its own pid inserted before the first dot of the name) when the recording ends, fills it in a few
+  seconds later and renames it to ``<dir>/trace_<pid>.json``: the rename marks a complete trace.
+  It never creates ``<dir>``. Measured on CPU: a 1 s trace is complete about 4 s after the poll that
+  took the config (1 s recording, about 3 s writing); the default 5 s warm-up would add 5 s, so the
+  agent asks for ``ACTIVITIES_WARMUP_PERIOD_SECS=0``.
+* GPU builds also send ``"ctxt"`` messages (``{int32 gpu; int32 pid; int64 jobid}``) when a CUDA
+  context is made, and wait for an ``int32`` reply (the number of processes on that GPU).
+
+The daemon identifies a process by the kernel's credentials of the sender (``SO_PASSCRED``), so the
+pid it knows is the one the agent sees (the host pid when the agent runs in the host PID namespace),
+whatever the process reports. Replies go only to client sockets named ``dynoconfigclient*`` (in the
+socket directory, for file sockets).
+
+Where the trace goes: the agent's own ``trace_dir`` (one fresh, randomly named directory per capture,
+never a path taken from a client). The traced process writes it on *its* filesystem, so the agent and
+the process must see ``trace_dir`` at the same path: same mount namespace, or the same host directory
+mounted at the same path in the container. The abstract socket exists per network namespace: a
+container without host networking does not reach ``@dynolog`` (mount a shared directory and set
+``KINETO_IPC_SOCKET_DIR`` instead, or use ``gpuscope.workload.serve`` over TCP).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gzip
+import logging
+import os
+import re
+import secrets
+import shutil
+import socket
+import stat
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuscope.capture.model import BackendResult, CaptureTarget, TargetKind
+from gpuscope.capture.store import safe_host
+
+__all__ = [
+    "KinetoBackend",
+    "KinetoBusyError",
+    "KinetoDaemon",
+    "KinetoDaemonError",
+    "KinetoUnreachableError",
+    "PendingTrace",
+    "Registration",
+]
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET_NAME = "dynolog"
+CLIENT_PREFIX = "dynoconfigclient"
+HEADER = struct.Struct("=Q32s")  # size_t size; char type[32]
+REQUEST = struct.Struct("=iiq")  # int32 type; int32 n; int64 jobid; then int32 pids[n]
+CONTEXT = struct.Struct("=iiq")  # int32 gpu; int32 pid; int64 jobid
+UCRED = struct.Struct("=iII")  # struct ucred {pid_t pid; uid_t uid; gid_t gid}
+TYPE_REQUEST = b"req"
+TYPE_CONTEXT = b"ctxt"
+CONFIG_EVENTS = 1
+CONFIG_ACTIVITIES = 2
+MAX_PIDS = 1024  # a process and its ancestors: a handful in practice
+MAX_DATAGRAM = HEADER.size + REQUEST.size + 4 * MAX_PIDS
+DEFAULT_POLL_PERIOD_S = 5.0
+TRACE_NAME = "trace.json"  # the process writes trace_<its pid>.json
+TRACE_SUFFIX = ".pt.trace.json.gz"
+GZIP_LEVEL = 3  # JSON traces: about 11x at over 250 MB/s (level 6: 13x at about 110 MB/s)
+MAX_ERROR_CHARS = 500
+# An event of any category but the profiler's own "Trace" span: the trace recorded something.
+_EVENT = re.compile(rb'"cat"\s*:\s*"(?!Trace")')
+_TRACE_EVENTS = re.compile(rb'"traceEvents"\s*:')
+_SCAN_OVERLAP = 64
+_CHUNK = 1 << 20
+
+
+class KinetoDaemonError(RuntimeError):
+    """The daemon cannot start (its address is taken, its directories are unusable); says why."""
+
+
+class KinetoUnreachableError(Exception):
+    """No registered process with that pid, or the daemon is not running."""
+
+
+class KinetoBusyError(Exception):
+    """A capture of that process is already in flight, or it is profiling itself."""
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A process that polls the daemon. ``pid`` is the sender's pid as the agent sees it (kernel
+    credentials); ``reported_pid`` and ``ancestors`` are what the process reported (its own PID
+    namespace). Times are on the daemon's clock."""
+
+    pid: int
+    ancestors: tuple[int, ...]
+    last_seen: float
+    first_seen: float
+    reported_pid: int
+    uid: int | None = None
+    gid: int | None = None
+    job_id: int = 0
+    profiling: bool = False  # its last poll said its activity profiler is busy
+    gpus: tuple[int, ...] = ()
+    polls: int = 0
+
+
+@dataclass(slots=True)
+class _Client:
+    registration: Registration
+    address: str | bytes
+
+
+@dataclass(eq=False, slots=True)
+class PendingTrace:
+    """A trace configuration queued for one process, until it is delivered and the trace written."""
+
+    pid: int
+    directory: Path
+    config: bytes
+    created: float
+    delivered: float | None = None
+    busy: str | None = None  # why the process cannot take it (it is profiling already)
+    finished: bool = False
+    event: threading.Event = field(default_factory=threading.Event)  # set on delivery or busy
+
+
+def _default_trace_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"gpuscope-kineto-{os.geteuid()}"
+
+
+class KinetoDaemon:
+    """The node's Kineto on-demand daemon: learns which PyTorch processes poll, hands them trace
+    configs. Thread-safe; ``start`` binds the socket and starts one receiving thread.
+
+    ``socket_dir=None`` listens on the abstract ``@<socket_name>``; a directory listens on the file
+    ``<socket_dir>/<socket_name>`` for processes started with ``KINETO_IPC_SOCKET_DIR=<socket_dir>``.
+    PyTorch always addresses ``dynolog``: other names are for tests. ``trace_dir`` must be visible at
+    the same path to the traced processes (see the module's docstring); by default a directory of
+    the agent's own under the temporary directory. A registration expires ``expire_after_s`` after the
+    process's last poll (3 poll periods)."""
+
+    def __init__(self, *, socket_name: str = DEFAULT_SOCKET_NAME, socket_dir: str | Path | None = None,
+                 trace_dir: str | Path | None = None, clock: Callable[[], float] = time.monotonic,
+                 expire_after_s: float = 3 * DEFAULT_POLL_PERIOD_S, max_clients: int = 4096) -> None:
+        if not socket_name or "/" in socket_name or "\x00" in socket_name or len(socket_name) > 100:
+            raise ValueError(f"invalid Kineto daemon socket name {socket_name!r}")
+        self.socket_name = socket_name
+        self.socket_dir = Path(socket_dir) if socket_dir is not None else None
+        self.trace_dir = Path(trace_dir) if trace_dir is not None else _default_trace_dir()
+        self.clock = clock
+        self.expire_after_s = expire_after_s
+        self.max_clients = max_clients
+        self._lock = threading.Lock()
+        self._clients: dict[int, _Client] = {}
+        self._pending: dict[int, PendingTrace] = {}
+        self._last_finished: dict[int, float] = {}  # pid → when its last delivered trace ended
+        self._sock: socket.socket | None = None
+        self._bound_inode: tuple[int, int] | None = None
+        self._socket_dir_id: tuple[int, int] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._stats: dict[str, int] = dict.fromkeys(
+            ("datagrams", "requests", "contexts", "malformed", "replies", "send_errors",
+             "configs_delivered", "clients_dropped", "errors"), 0)
+
+    # -- life cycle -----------------------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        """Where the daemon listens: ``@dynolog`` (abstract) or the socket file's path."""
+        if self.socket_dir is None:
+            return f"@{self.socket_name}"
+        return str(self.socket_dir / self.socket_name)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Binds the socket and starts serving. KinetoDaemonError when the address is already taken
+        (another daemon, e.g. dynolog, serves this host) or a directory is unusable: the agent then
+        runs without PyTorch on-demand captures."""
+        if self._thread is not None:
+            raise KinetoDaemonError("the Kineto daemon is already started")
+        self._prepare_trace_dir()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+            self._bind(sock)
+            sock.settimeout(0.25)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._serve, name="gpuscope-kineto", daemon=True)
+        self._thread.start()
+        _log.info("Kineto on-demand daemon listening on %s (traces under %s)", self.address, self.trace_dir)
+
+    def stop(self) -> None:
+        """Stops serving, closes (and for a file socket removes) the socket; idempotent."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=5.0)
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+        if self.socket_dir is not None and self._bound_inode is not None:
+            path = self.socket_dir / self.socket_name
+            with contextlib.suppress(OSError):
+                st = path.lstat()
+                if (st.st_dev, st.st_ino) == self._bound_inode:
+                    path.unlink()
+            self._bound_inode = None
+        with self._lock:
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for trace in pending:
+            trace.finished = True
+            trace.event.set()  # a capture waiting for its delivery ends now
+            _remove_tree(trace.directory)
+        self._socket_dir_id = None
+
+    def __enter__(self) -> KinetoDaemon:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _bind(self, sock: socket.socket) -> None:
+        if self.socket_dir is None:
+            try:
+                # Kineto addresses "\0dynolog\0": the trailing NUL is part of the abstract name.
+                sock.bind(f"\0{self.socket_name}\0")
+            except OSError as err:
+                if err.errno == errno.EADDRINUSE:
+                    raise KinetoDaemonError(
+                        f"the abstract socket @{self.socket_name} is already bound in this network "
+                        "namespace: another Kineto daemon (dynolog?) serves this host; PyTorch "
+                        "on-demand captures through gpuscope are disabled") from None
+                raise KinetoDaemonError(f"cannot bind @{self.socket_name}: {err}") from err
+            return
+        directory = self.socket_dir
+        try:
+            if not directory.exists():
+                directory.mkdir(parents=True, mode=0o755)
+                # Every process creates its client socket here: world-writable, sticky (like /tmp).
+                os.chmod(directory, 0o1777)
+            path = directory / self.socket_name
+            if len(os.fsencode(path)) > 107:
+                raise KinetoDaemonError(f"socket path {path} is too long for a Unix socket")
+            self._clear_stale(path)
+            sock.bind(str(path))
+            os.chmod(path, 0o666)  # processes of any user may poll
+            st = path.lstat()
+            self._bound_inode = (st.st_dev, st.st_ino)
+            st = directory.stat()
+            self._socket_dir_id = (st.st_dev, st.st_ino)
+        except KinetoDaemonError:
+            raise
+        except OSError as err:
+            raise KinetoDaemonError(f"cannot bind the Kineto daemon socket in {directory}: {err}") from err
+
+    def _clear_stale(self, path: Path) -> None:
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise KinetoDaemonError(f"{path} exists and is not a socket; not replacing it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            path.unlink()  # left by a daemon that is gone
+            return
+        except OSError as err:
+            raise KinetoDaemonError(f"cannot check the existing socket {path}: {err}") from err
+        finally:
+            probe.close()
+        raise KinetoDaemonError(f"{path} is served by another Kineto daemon (dynolog?); PyTorch "
+                                "on-demand captures through gpuscope are disabled")
+
+    def _prepare_trace_dir(self) -> None:
+        directory = self.trace_dir
+        try:
+            directory.mkdir(parents=True, exist_ok=True, mode=0o711)
+            st = directory.lstat()
+            if not stat.S_ISDIR(st.st_mode):
+                raise KinetoDaemonError(f"trace directory {directory} is not a directory (or is a symlink)")
+            if st.st_uid != os.geteuid():
+                raise KinetoDaemonError(f"trace directory {directory} belongs to uid {st.st_uid}, not to "
+                                        f"the agent (uid {os.geteuid()})")
+            # Others may enter (to write into their capture's directory) but not list it.
+            os.chmod(directory, 0o711)
+        except KinetoDaemonError:
+            raise
+        except OSError as err:
+            raise KinetoDaemonError(f"cannot prepare the trace directory {directory}: {err}") from err
+
+    # -- state ----------------------------------------------------------------------------------------
+
+    def registered(self) -> dict[int, Registration]:
+        """The processes that polled recently (pid → registration); expired ones are dropped."""
+        with self._lock:
+            self._expire(self.clock())
+            return {pid: client.registration for pid, client in self._clients.items()}
+
+    def stats(self) -> dict[str, int]:
+        """Counters since start: datagrams, requests, contexts, malformed, replies, send_errors, ..."""
+        with self._lock:
+            return dict(self._stats)
+
+    def request_trace(self, pid: int, duration_ms: int, *, warmup_s: int = 0) -> PendingTrace:
+        """Queues a trace of ``duration_ms`` for ``pid``, handed over at its next poll.
+        KinetoUnreachableError when it is not registered (or the daemon is not running),
+        KinetoBusyError when a trace of it is already in flight or it is profiling itself."""
+        if not self.running:
+            raise KinetoUnreachableError(
+                f"the Kineto daemon is not running (it would listen on {self.address})")
+        with self._lock:
+            self._expire(self.clock())
+            client = self._clients.get(pid)
+            if client is None:
+                raise KinetoUnreachableError(
+                    f"pid {pid} is not registered with the Kineto daemon (not started with "
+                    f"KINETO_USE_DAEMON=1, or it has not polled {self.address} lately)")
+            if pid in self._pending:
+                raise KinetoBusyError(f"a capture of pid {pid} is already in flight")
+            registration = client.registration
+            # Its last poll said its profiler is busy: it is, unless that poll was before the end of
+            # our own last trace of it (then the next poll decides).
+            if registration.profiling and registration.last_seen > self._last_finished.get(pid, -1e300):
+                raise KinetoBusyError(
+                    f"pid {pid} is already profiling (its Kineto activity profiler is busy)")
+            directory = self._make_trace_dir(pid, registration)
+            log_file = directory / TRACE_NAME
+            config = (f"ACTIVITIES_LOG_FILE={log_file}\n"
+                      f"ACTIVITIES_DURATION_MSECS={max(1, int(duration_ms))}\n"
+                      f"ACTIVITIES_WARMUP_PERIOD_SECS={max(0, int(warmup_s))}\n"
+                      "PROFILE_START_TIME=0\n").encode()
+            trace = PendingTrace(pid=pid, directory=directory, config=config, created=self.clock())
+            self._pending[pid] = trace
+            return trace
+
+    def finish(self, trace: PendingTrace) -> None:
+        """Ends a trace request: undelivered, it is withdrawn; its directory is removed (a process
+        still writing into it then fails to open its file, harmlessly)."""
+        with self._lock:
+            trace.finished = True
+            if self._pending.get(trace.pid) is trace:
+                del self._pending[trace.pid]
+            if trace.delivered is not None:
+                self._last_finished[trace.pid] = self.clock()
+        _remove_tree(trace.directory)
+
+    def _make_trace_dir(self, pid: int, registration: Registration) -> Path:
+        directory = self.trace_dir / f"{pid}-{secrets.token_hex(8)}"
+        try:
+            directory.mkdir(mode=0o700)
+        except FileNotFoundError:  # removed meanwhile (a /tmp cleaner): made again, checked again
+            self._prepare_trace_dir()
+            directory.mkdir(mode=0o700)
+        uid, gid = registration.uid, registration.gid
+        if uid is not None and uid != os.geteuid():
+            try:
+                if os.geteuid() != 0:
+                    raise PermissionError("not root")
+                os.chown(directory, uid, gid if gid is not None else -1)
+            except OSError:
+                # Another user's process must create its file here; the name is random and the
+                # parent is not listable.
+                os.chmod(directory, 0o777)
+        return directory
+
+    def _expire(self, now: float) -> None:
+        stale = [pid for pid, client in self._clients.items()
+                 if now - client.registration.last_seen > self.expire_after_s]
+        for pid in stale:
+            del self._clients[pid]
+            self._last_finished.pop(pid, None)
+
+    # -- the receiving thread -------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        ancillary = socket.CMSG_SPACE(UCRED.size)
+        while not self._stop.is_set():
+            try:
+                data, ancdata, flags, address = sock.recvmsg(MAX_DATAGRAM + 1, ancillary)
+            except TimeoutError:
+                with self._lock:
+                    self._expire(self.clock())
+                continue
+            except OSError as err:
+                if self._stop.is_set():
+                    break
+                self._count("errors")
+                _log.debug("Kineto daemon: receive failed: %s", err)
+                time.sleep(0.05)
+                continue
+            self._count("datagrams")
+            try:
+                self._handle(sock, data, ancdata, flags, address)
+            except Exception:  # a bad datagram must never stop the daemon
+                self._count("errors")
+                _log.exception("Kineto daemon: error handling a datagram")
+
+    def _handle(self, sock: socket.socket, data: bytes, ancdata: list[tuple[int, int, bytes]], flags: int,
+                address: str | bytes) -> None:
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) < HEADER.size:
+            self._malformed("truncated or short datagram")
+            return
+        size, raw_type = HEADER.unpack_from(data)
+        body = data[HEADER.size:]
+        if size != len(body):
+            self._malformed(f"header size {size} != body length {len(body)}")
+            return
+        kind = raw_type.split(b"\0", 1)[0]
+        if not self._reply_allowed(address):
+            self._malformed(f"sender address {address!r} is not a Kineto client socket")
+            return
+        cred = _credentials(ancdata)
+        if kind == TYPE_REQUEST:
+            self._on_request(sock, body, cred, address)
+        elif kind == TYPE_CONTEXT:
+            self._on_context(sock, body, cred, address)
+        else:
+            self._malformed(f"unknown message type {kind[:32]!r}")
+
+    def _on_request(self, sock: socket.socket, body: bytes, cred: tuple[int, int, int] | None,
+                    address: str | bytes) -> None:
+        if len(body) < REQUEST.size:
+            self._malformed("request body too short")
+            return
+        config_type, n, job_id = REQUEST.unpack_from(body)
+        if not 0 < n <= MAX_PIDS or len(body) != REQUEST.size + 4 * n:
+            self._malformed(f"request with {n} pids in {len(body)} bytes")
+            return
+        pids = struct.unpack_from(f"={n}i", body, REQUEST.size)
+        if any(p <= 0 for p in pids):
+            self._malformed("request with a non-positive pid")
+            return
+        now = self.clock()
+        reply = b""
+        with self._lock:
+            self._stats["requests"] += 1
+            client = self._touch(cred, pids[0], now, address, job_id=job_id, ancestors=pids[1:],
+                                 profiling=not config_type & CONFIG_ACTIVITIES)
+            trace = self._pending.get(client.registration.pid) if client is not None else None
+            if trace is not None and trace.delivered is None and not trace.finished:
+                if config_type & CONFIG_ACTIVITIES:
+                    reply = trace.config
+                else:
+                    trace.busy = (f"pid {trace.pid} is already profiling (its Kineto activity profiler "
+                                  "is busy)")
+                    trace.event.set()
+        sent = self._send(sock, TYPE_REQUEST, reply, address)
+        if reply and sent and trace is not None:
+            with self._lock:
+                if not trace.finished:
+                    trace.delivered = self.clock()
+                    self._stats["configs_delivered"] += 1
+                    trace.event.set()
+            _log.info("Kineto daemon: trace config handed to pid %d", trace.pid)
+
+    def _on_context(self, sock: socket.socket, body: bytes, cred: tuple[int, int, int] | None,
+                    address: str | bytes) -> None:
+        if len(body) != CONTEXT.size:
+            self._malformed("context body of the wrong size")
+            return
+        gpu, reported_pid, job_id = CONTEXT.unpack_from(body)
+        if reported_pid <= 0 or not 0 <= gpu < 1024:
+            self._malformed("context with an invalid pid or GPU")
+            return
+        now = self.clock()
+        with self._lock:
+            self._stats["contexts"] += 1
+            client = self._touch(cred, reported_pid, now, address, job_id=job_id, gpu=gpu)
+            count = sum(1 for c in self._clients.values() if gpu in c.registration.gpus)
+            if client is None:
+                count += 1
+        self._send(sock, TYPE_CONTEXT, struct.pack("=i", count), address)
+
+    def _touch(self, cred: tuple[int, int, int] | None, reported_pid: int, now: float, address: str | bytes,
+               *, job_id: int, ancestors: tuple[int, ...] | None = None, profiling: bool | None = None,
+               gpu: int | None = None) -> _Client | None:
+        """Creates or refreshes the registration of the sender (lock held)."""
+        pid = cred[0] if cred is not None and cred[0] > 0 else reported_pid
+        client = self._clients.get(pid)
+        if client is None:
+            self._expire(now)
+            if len(self._clients) >= self.max_clients:
+                self._stats["clients_dropped"] += 1
+                return None
+            registration = Registration(
+                pid=pid, ancestors=ancestors or (), last_seen=now, first_seen=now, reported_pid=reported_pid,
+                uid=cred[1] if cred is not None else None, gid=cred[2] if cred is not None else None,
+                job_id=job_id, profiling=bool(profiling), gpus=(gpu,) if gpu is not None else (), polls=0)
+            client = _Client(registration, address)
+            self._clients[pid] = client
+            _log.info("Kineto daemon: pid %d registered (reports pid %d, ancestors %s)", pid, reported_pid,
+                      list(ancestors or ()))
+        reg = client.registration
+        gpus = reg.gpus if gpu is None or gpu in reg.gpus else (*reg.gpus, gpu)
+        client.registration = Registration(
+            pid=pid, ancestors=ancestors if ancestors is not None else reg.ancestors, last_seen=now,
+            first_seen=reg.first_seen, reported_pid=reported_pid,
+            uid=cred[1] if cred is not None else reg.uid, gid=cred[2] if cred is not None else reg.gid,
+            job_id=job_id, profiling=reg.profiling if profiling is None else profiling, gpus=gpus,
+            polls=reg.polls + (1 if profiling is not None else 0))
+        client.address = address
+        return client
+
+    def _reply_allowed(self, address: str | bytes) -> bool:
+        """Replies go to Kineto client sockets only: ``@dynoconfigclient*`` (abstract) or
+        ``<socket_dir>/dynoconfigclient*`` (file), never elsewhere."""
+        if self.socket_dir is None:
+            if not isinstance(address, bytes):
+                return False
+            return address.startswith(b"\0" + CLIENT_PREFIX.encode()) and len(address) <= 108
+        if not isinstance(address, str) or not address or self._socket_dir_id is None:
+            return False
+        path = Path(address)
+        if not path.name.startswith(CLIENT_PREFIX):
+            return False
+        try:
+            st = os.stat(path.parent)  # the socket directory, however the client spells it
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._socket_dir_id
+
+    def _send(self, sock: socket.socket, kind: bytes, payload: bytes, address: str | bytes) -> bool:
+        message = HEADER.pack(len(payload), kind) + payload
+        try:
+            sock.sendto(message, socket.MSG_DONTWAIT, address)
+        except OSError as err:
+            self._count("send_errors")
+            _log.debug("Kineto daemon: reply to %r failed: %s", address, err)
+            return False
+        self._count("replies")
+        return True
+
+    def _malformed(self, why: str) -> None:
+        self._count("malformed")
+        _log.debug("Kineto daemon: ignored a malformed datagram: %s", why)
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self._stats[name] += 1
+
+
+def _credentials(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int, int] | None:
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= UCRED.size:
+            pid, uid, gid = UCRED.unpack_from(data)
+            return pid, uid, gid
+    return None
+
+
+def _remove_tree(directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- the capture backend ---------------------------------------------------------------------------------
+
+
+class KinetoBackend:
+    """CaptureBackend for PyTorch processes registered with ``daemon``. Thread-safe: concurrent
+    captures of different processes are independent; a second one of the same process is ``busy``."""
+
+    kind: TargetKind = "kineto"
+
+    def __init__(self, daemon: KinetoDaemon, *, warmup_s: int = 0, max_trace_bytes: int = 2 << 30,
+                 hostname: str | None = None, poll_interval_s: float = 0.05) -> None:
+        self.daemon = daemon
+        self.warmup_s = warmup_s
+        self.max_trace_bytes = max_trace_bytes
+        self.hostname = hostname or socket.gethostname()
+        self.poll_interval_s = poll_interval_s
+
+    def capture(self, target: CaptureTarget, duration_s: float, staging: Path, *, run: str,
+                deadline_s: float) -> BackendResult:
+        """Profiles ``target.pid`` for ``duration_s``; never raises, never blocks past ``deadline_s``.
+        The trace is stored as ``<host>_<pid>.<ms>.pt.trace.json.gz`` at the top of ``staging``
+        (``run`` is not used: PyTorch traces are not in a TensorBoard run folder)."""
+        try:
+            return self._capture(target, duration_s, staging, deadline_s=deadline_s)
+        except Exception as err:  # the contract: an outcome, never an exception
+            return BackendResult("failed", error=_clip(f"{type(err).__name__}: {err}"))
+
+    def _capture(self, target: CaptureTarget, duration_s: float, staging: Path, *,
+                 deadline_s: float) -> BackendResult:
+        if target.kind != "kineto" or target.pid is None:
+            return BackendResult("failed", error=f"not a Kineto target: {target.describe()}")
+        if not duration_s > 0:
+            return BackendResult("failed", error=f"the capture length ({duration_s:g} s) must be positive")
+        if not deadline_s > duration_s:
+            return BackendResult("failed", error=f"the deadline ({deadline_s:g} s) must exceed the "
+                                                 f"capture length ({duration_s:g} s)")
+        pid = target.pid
+        started_wall = time.time()
+        deadline = time.monotonic() + deadline_s
+        try:
+            trace = self.daemon.request_trace(pid, max(1, round(duration_s * 1000)), warmup_s=self.warmup_s)
+        except KinetoBusyError as err:
+            return BackendResult("busy", error=str(err))
+        except KinetoUnreachableError as err:
+            return BackendResult("unreachable", error=str(err))
+        try:
+            while not trace.event.wait(min(self.poll_interval_s * 4, max(0.0, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    return BackendResult("unreachable", error=f"pid {pid} did not poll the Kineto daemon "
+                                                              f"within the deadline ({deadline_s:g} s)")
+                if not _alive(pid):
+                    return BackendResult("unreachable", error=f"pid {pid} exited")
+            if trace.busy is not None:
+                return BackendResult("busy", error=trace.busy)
+            if trace.delivered is None:
+                return BackendResult("unreachable", error="the Kineto daemon stopped")
+            found = self._wait_for_file(trace, deadline)
+            if isinstance(found, BackendResult):
+                return found
+            return self._store(found, staging, pid, started_wall, deadline)
+        finally:
+            self.daemon.finish(trace)
+
+    def _wait_for_file(self, trace: PendingTrace, deadline: float) -> Path | BackendResult:
+        writing = False
+        last_alive_check = 0.0
+        while True:
+            done, writing_now = _trace_files(trace.directory)
+            if done is not None:
+                return done
+            if trace.finished:
+                return BackendResult("unreachable", error="the Kineto daemon stopped")
+            writing = writing or writing_now
+            now = time.monotonic()
+            if now >= deadline:
+                state = "its trace was still being written" if writing else "it wrote no trace"
+                return BackendResult("unreachable", error=f"pid {trace.pid} took the trace config but "
+                                                          f"{state} within the deadline")
+            if now - last_alive_check > 0.5:
+                last_alive_check = now
+                if not _alive(trace.pid):
+                    return BackendResult("unreachable", error=f"pid {trace.pid} exited during the capture")
+            time.sleep(min(self.poll_interval_s, max(0.0, deadline - now)))
+
+    def _store(self, source: Path, staging: Path, pid: int, started_wall: float,
+               deadline: float) -> BackendResult:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(source, flags)
+        except OSError as err:
+            return BackendResult("failed", error=_clip(f"cannot open the trace {source.name}: {err}"))
+        with os.fdopen(fd, "rb") as src:
+            st = os.fstat(src.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                return BackendResult("failed", error=f"{source.name} is not a plain file")
+            if st.st_size > self.max_trace_bytes:
+                return BackendResult("failed", error=f"the trace is {st.st_size} bytes, over the limit of "
+                                                     f"{self.max_trace_bytes}")
+            staging.mkdir(parents=True, exist_ok=True)
+            stem = f"{safe_host(self.hostname)}_{pid}.{round(started_wall * 1000)}"
+            fd_out, temporary = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=staging)
+            try:
+                with os.fdopen(fd_out, "wb") as raw, gzip.GzipFile(
+                        filename="", mode="wb", fileobj=raw, mtime=int(started_wall),
+                        compresslevel=GZIP_LEVEL) as out:
+                    scan = _TraceScan()
+                    while chunk := src.read(_CHUNK):
+                        if time.monotonic() > deadline:
+                            return BackendResult("failed", error=f"the deadline passed while storing the "
+                                                                 f"trace ({st.st_size} bytes)")
+                        scan.feed(chunk)
+                        out.write(chunk)
+                    out.close()
+                    raw.flush()
+                    os.fsync(raw.fileno())
+                if not scan.has_trace_events or not scan.complete:
+                    return BackendResult("failed", error=f"{source.name} is not a complete Chrome trace")
+                if not scan.has_events:
+                    return BackendResult("empty")
+                return BackendResult("captured", files=(_publish(temporary, staging, stem),))
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temporary)
+
+
+class _TraceScan:
+    """Looks through a Chrome trace as it streams by: does it have ``traceEvents``, any event with a
+    category (other than the profiler's own ``Trace`` span; an idle process's trace has only
+    metadata), and does it end like a JSON object?"""
+
+    def __init__(self) -> None:
+        self.has_trace_events = False
+        self.has_events = False
+        self._tail = b""
+        self._last = b""
+
+    def feed(self, chunk: bytes) -> None:
+        window = self._tail + chunk
+        if not self.has_trace_events and _TRACE_EVENTS.search(window):
+            self.has_trace_events = True
+        if not self.has_events and _EVENT.search(window):
+            self.has_events = True
+        self._tail = window[-_SCAN_OVERLAP:]
+        stripped = chunk.rstrip()
+        if stripped:
+            self._last = stripped[-1:]
+
+    @property
+    def complete(self) -> bool:
+        return self._last == b"}"
+
+
+def _trace_files(directory: Path) -> tuple[Path | None, bool]:
+    """The finished trace in a capture directory (``*.json``, a plain file), and whether one is
+    still being written (``*.json.tmp``)."""
+    writing = False
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.name.endswith(".json.tmp"):
+                    writing = True
+                elif entry.name.endswith(".json") and entry.is_file(follow_symlinks=False):
+                    return Path(entry.path), writing
+    except FileNotFoundError:
+        pass
+    return None, writing
+
+
+def _publish(temporary: str, staging: Path, stem: str) -> str:
+    """Links ``temporary`` to ``<stem>[-N].pt.trace.json.gz`` in ``staging``, never replacing a file;
+    the name."""
+    for attempt in range(1, 1000):
+        name = f"{stem}{TRACE_SUFFIX}" if attempt == 1 else f"{stem}-{attempt}{TRACE_SUFFIX}"
+        final = staging / name
+        try:
+            os.link(temporary, final)
+        except FileExistsError:
+            continue
+        except OSError:
+            if final.exists():
+                continue
+            os.replace(temporary, final)
+        return name
+    raise FileExistsError(f"{staging}: too many files named {stem}*{TRACE_SUFFIX}")
+
+
+def _alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 1] + "…"
+
