@@ -221,3 +221,18 @@ def test_serve_in_process_port_stop_and_limits() -> None:
     with pytest.raises(grpc.RpcError) as raised:
         profile(server.address, 100, timeout=5)
     assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_agents_backend_stores_the_chrome_trace(jobs: dict[str, Job], tmp_path: Path) -> None:
+    # The agent captures a serve() job like a JAX job (TSL backend over TCP) and stores its trace.
+    from gpuscope.capture.model import CaptureTarget
+    from gpuscope.capture.tsl import TslProfilerBackend
+
+    job = jobs["busy"]
+    result = TslProfilerBackend().capture(CaptureTarget("tsl", job.proc.pid, job.address), 1.0, tmp_path,
+                                          run="run1", deadline_s=30.0)
+    assert result.outcome == "captured", result.error
+    (name,) = result.files
+    assert name.endswith(".pt.trace.json.gz") and "/" not in name
+    trace = json.loads(gzip.decompress((tmp_path / name).read_bytes()))
+    assert {str(e.get("name")) for e in trace["traceEvents"] if e.get("ph") == "X"} >= OPS

@@ -32,6 +32,7 @@ from gpuscope.generated.tsl import profiler_options_pb2, profiler_service_pb2, v
 
 PROFILE_METHOD = "/tensorflow.ProfilerService/Profile"
 XPLANE_SUFFIX = ".xplane.pb"
+TORCH_TRACE_SUFFIX = ".pt.trace.json.gz"  # what gpuscope.workload.serve returns in tool_data
 PROFILE_DIR = ("plugins", "profile")  # under a TensorBoard logdir
 # Where a server that ignores emit_xspace (an old TensorFlow) writes the trace on its own filesystem.
 DEFAULT_REPOSITORY_ROOT = "/tmp/gpuscope/plugins/profile"
@@ -159,6 +160,14 @@ class TslProfilerBackend:
         if response.empty_trace:
             return BackendResult("empty")
         data = response.xspace
+        where = f"pid{target.pid}" if target.pid is not None else f"port{address.port}"
+        chrome = next((tool.data for tool in response.tool_data if tool.name.endswith(TORCH_TRACE_SUFFIX)),
+                      b"")
+        if not data and chrome:
+            # gpuscope.workload.serve (PyTorch) answers with a gzip Chrome trace, not an XSpace.
+            relative = _write_new(staging, (), f"{safe_name(address.host)}_{where}", chrome,
+                                  TORCH_TRACE_SUFFIX)
+            return BackendResult("captured", files=(relative,))
         if not data:  # a server without emit_xspace support may return the file as tool data
             data = next((tool.data for tool in response.tool_data if tool.name.endswith("xplane.pb")), b"")
         if not data and not response.HasField("xspace"):
@@ -169,8 +178,8 @@ class TslProfilerBackend:
         if not space.planes:
             return BackendResult("empty")
         hostname = space.hostnames[0].decode(errors="replace") if space.hostnames else address.host
-        where = f"pid{target.pid}" if target.pid is not None else f"port{address.port}"
-        relative = _write_new(staging, (*PROFILE_DIR, run), f"{safe_name(hostname)}_{where}", data)
+        relative = _write_new(staging, (*PROFILE_DIR, run), f"{safe_name(hostname)}_{where}", data,
+                              XPLANE_SUFFIX)
         errors = [e.decode(errors="replace") for e in space.errors]
         return BackendResult("captured", files=(relative,),
                              error=_clip("profiler reported: " + "; ".join(errors)) if errors else None)
@@ -192,8 +201,8 @@ def _rpc_error(err: grpc.RpcError, deadline_s: float, elapsed_s: float) -> Backe
     return BackendResult("failed", error=_clip(f"{code.name}: {details}"))
 
 
-def _write_new(staging: Path, folders: tuple[str, ...], stem: str, data: bytes) -> str:
-    """Writes ``data`` to a new file ``<folders>/<stem>[-N].xplane.pb`` under ``staging``, atomically
+def _write_new(staging: Path, folders: tuple[str, ...], stem: str, data: bytes, suffix: str) -> str:
+    """Writes ``data`` to a new file ``<folders>/<stem>[-N]<suffix>`` under ``staging``, atomically
     (a temporary file, then a hard link that never replaces an existing file); the path relative to
     ``staging``."""
     directory = staging.joinpath(*folders)
@@ -205,7 +214,7 @@ def _write_new(staging: Path, folders: tuple[str, ...], stem: str, data: bytes) 
             file.flush()
             os.fsync(file.fileno())
         for attempt in range(1, 1000):
-            name = f"{stem}{XPLANE_SUFFIX}" if attempt == 1 else f"{stem}-{attempt}{XPLANE_SUFFIX}"
+            name = f"{stem}{suffix}" if attempt == 1 else f"{stem}-{attempt}{suffix}"
             final = directory / name
             try:
                 os.link(temporary, final)
@@ -216,7 +225,7 @@ def _write_new(staging: Path, folders: tuple[str, ...], stem: str, data: bytes) 
                     continue
                 os.replace(temporary, final)
             return "/".join((*folders, name))
-        raise FileExistsError(f"{directory}: too many files named {stem}*{XPLANE_SUFFIX}")
+        raise FileExistsError(f"{directory}: too many files named {stem}*{suffix}")
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
