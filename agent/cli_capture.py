@@ -28,6 +28,7 @@ import grpc
 
 from gpuscope.capture.config import MAX_DURATION_SECONDS
 from gpuscope.capture.records import CaptureIdError, check_capture_id
+from gpuscope.capture.store import format_size
 from gpuscope.control.client import ControlClient, ControlError
 from gpuscope.control.config import DEFAULT_SOCKET
 from gpuscope.durations import format_duration, parse_duration
@@ -264,7 +265,7 @@ def _list(args: argparse.Namespace) -> int:
             kind += f":{trigger['alertname']}"
         rows.append((str(r.get("id")), _time(r.get("start")), str(r.get("outcome")), kind,
                      "-" if r.get("gpu") is None else str(r["gpu"]),
-                     ",".join(map(str, r.get("pids") or ())) or "-", _human(int(r.get("bytes") or 0)),
+                     ",".join(map(str, r.get("pids") or ())) or "-", format_size(int(r.get("bytes") or 0)),
                      str(r.get("target") or "-")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -301,7 +302,7 @@ def format_record(record: dict[str, Any]) -> str:
         parts.append(str(record["target"]))
     files = record.get("files") or ()
     if files:
-        parts.append(f"{len(files)} file(s), {_human(int(record.get('bytes') or 0))}")
+        parts.append(f"{len(files)} file(s), {format_size(int(record.get('bytes') or 0))}")
     line = "  ".join(parts)
     if record.get("error"):
         line += f"  ({' '.join(str(record['error']).split())})"
@@ -314,12 +315,3 @@ def _time(value: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(value))
 
 
-def _human(size: int) -> str:
-    if size < 1024:
-        return f"{size} B"
-    value = float(size)
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if value < 1024:
-            return f"{value:.1f} {unit}"
-    return f"{value / 1024:.1f} TiB"

@@ -7,10 +7,10 @@ Unknown keys are refused with their path, so a typo never silently falls back to
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gpuscope.alerts.alertmanager import alertmanager_endpoint
@@ -18,9 +18,7 @@ from gpuscope.alerts.config import AlertingConfig
 from gpuscope.alerts.rules_config import validate_against_interval
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.control.config import ControlConfig
-from gpuscope.durations import format_duration, parse_duration
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+from gpuscope.durations import Duration, format_duration
 
 
 class ConfigError(Exception):

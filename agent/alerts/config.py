@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpuscope.alerts.rules_config import RulesConfig
-from gpuscope.durations import parse_duration
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+from gpuscope.durations import Duration
 
 
 class _Section(BaseModel):

@@ -29,10 +29,9 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from gpuscope.alerts.rules import RULE_TYPES
-from gpuscope.durations import format_duration, parse_duration
+from gpuscope.durations import Duration, format_duration
 from gpuscope.simulate.units import parse_size
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]
 
 MAX_DURATION_SECONDS = 30.0  # the longest capture anyone may ask for (a trace of 30 s is already large)

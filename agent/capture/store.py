@@ -314,8 +314,8 @@ class CaptureStore:
         size = data_bytes + len(payload)
         if size > self.quota_bytes:
             raise CaptureQuotaError(
-                f"capture {record.id} is {_human(size)}, larger than the whole store quota of "
-                f"{_human(self.quota_bytes)} (capture.store.quota_bytes); it was not stored and no "
+                f"capture {record.id} is {format_size(size)}, larger than the whole store quota of "
+                f"{format_size(self.quota_bytes)} (capture.store.quota_bytes); it was not stored and no "
                 "other capture was evicted")
         try:
             for f in data:
@@ -346,7 +346,7 @@ class CaptureStore:
             if total + size <= self.quota_bytes:
                 break
             _log.info("evicting capture %s (%s) to stay within the quota", entry.record.id,
-                      _human(entry.disk_bytes))
+                      format_size(entry.disk_bytes))
             self._delete(entry.record.id)
             total -= entry.disk_bytes
 
@@ -522,7 +522,8 @@ def _remove(path: Path) -> None:
         _log.warning("cannot remove %s: %s", path, err)
 
 
-def _human(size: int) -> str:
+def format_size(size: int) -> str:
+    """Bytes for people: 512 B, 1.5 MiB."""
     if size < 1024:
         return f"{size} B"
     value = float(size)

@@ -15,8 +15,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpuscope.clock_events import CLOCK_EVENT_REASONS
+from gpuscope.durations import Duration
 from gpuscope.simulate.patterns import Pattern, SteadyPattern
-from gpuscope.simulate.units import Duration, Fraction, OptionalDuration, PositiveDuration, Size
+from gpuscope.simulate.units import Fraction, OptionalDuration, PositiveDuration, Size
 
 _GiB = 1024**3
 _MiB = 1024**2

@@ -58,7 +58,6 @@ def _positive(value: float) -> float:
     return value
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
 PositiveDuration = Annotated[float, BeforeValidator(parse_duration), AfterValidator(_positive)]
 OptionalDuration = Annotated[float | None, BeforeValidator(parse_optional_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]
