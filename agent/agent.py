@@ -23,9 +23,11 @@ from gpuscope.config import Settings
 from gpuscope.control.server import ControlServer, ControlServerError
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
+from gpuscope.exporters.pods import PodResourcesCollector
 from gpuscope.exporters.prometheus import GpuscopeCollector
 from gpuscope.http_server import AgentHttpServer
 from gpuscope.nvml import Nvml
+from gpuscope.pods import PodAttribution
 from gpuscope.processes import ProcessInspector
 from gpuscope.sampler import Sampler
 from gpuscope.systemd_notify import SystemdNotifier
@@ -46,6 +48,7 @@ class Agent:
             self.simulation = Simulation(load_scenario(settings.simulate))
         self.hostname = settings.node_name or socket.gethostname()
         self.nvml = Nvml()
+        self.pods = self._pod_attribution(settings)
         self.sampler = Sampler(
             self.nvml,
             ProcessInspector(include_cmdline=settings.processes.cmdline),
@@ -55,12 +58,15 @@ class Agent:
             hostname=self.hostname,
             retry_initial_seconds=settings.nvml.retry_initial,
             retry_max_seconds=settings.nvml.retry_max,
+            pods=self.pods.pods_for if self.pods is not None else None,
         )
         self.registry = CollectorRegistry(auto_describe=False)
         collector = GpuscopeCollector(self.sampler.latest, include_cmdline=settings.processes.cmdline)
         self.registry.register(collector)
         self.systemd = SystemdNotifier()
         self.sampler.add_listener(self.systemd.on_snapshot)
+        if self.pods is not None:
+            self.registry.register(PodResourcesCollector(self.pods.status))
         ProcessCollector(registry=self.registry)  # the agent's own CPU and memory, to prove its overhead
 
         alerting = settings.alerting
@@ -94,6 +100,17 @@ class Agent:
                                     alerts=self.alerts, webhook=self.webhook)
         self._stopped = False
 
+    def _pod_attribution(self, settings: Settings) -> PodAttribution | None:
+        config = settings.pods
+        if not config.enabled:
+            return None
+        socket = config.socket
+        # A simulated node with pods brings its own kubelet, unless the socket was set explicitly.
+        if self.simulation is not None and "socket" not in config.model_fields_set:
+            socket = self.simulation.kubelet_socket or socket
+        return PodAttribution(socket, refresh_interval=config.refresh_interval, timeout=config.timeout,
+                              keep_for=config.keep_for)
+
     def start(self) -> None:
         if self.simulation is not None:
             self.simulation.install()
@@ -108,6 +125,8 @@ class Agent:
             self.webhook.port = port  # an alert's `instance` names this agent by its real port
         if self.captures is not None:
             self.captures.start()
+        if self.pods is not None:
+            self.pods.start()
         if self.control is not None:
             try:
                 self.control.start()
@@ -140,6 +159,8 @@ class Agent:
         if self.control is not None:
             self.control.stop(grace=1.0)
         self.sampler.stop()
+        if self.pods is not None:
+            self.pods.stop()
         if self.notifier is not None:
             self.notifier.stop()
         if self.event_log is not None:

@@ -7,10 +7,10 @@ Unknown keys are refused with their path, so a typo never silently falls back to
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gpuscope.alerts.alertmanager import alertmanager_endpoint
@@ -19,6 +19,9 @@ from gpuscope.alerts.rules_config import validate_against_interval
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.control.config import ControlConfig
 from gpuscope.durations import Duration, format_duration
+
+# Where the kubelet serves its pod-resources API (a Unix socket it re-creates when it restarts).
+KUBELET_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
 
 class ConfigError(Exception):
@@ -52,6 +55,22 @@ class NvmlConfig(_Section):
     retry_max: Duration = Field(60.0, gt=0.0, description="Retry back-off ceiling.")
 
 
+def _absolute_path(path: Path) -> Path:
+    if not path.is_absolute():
+        raise ValueError(f"must be an absolute path, not {str(path)!r}")
+    return path
+
+
+class PodsConfig(_Section):
+    enabled: bool = Field(True, description="Ask the kubelet which pod each GPU is allocated to.")
+    socket: Annotated[Path, AfterValidator(_absolute_path)] = Field(
+        KUBELET_POD_RESOURCES_SOCKET, description="The kubelet's pod-resources socket.")
+    refresh_interval: Duration = Field(10.0, ge=1.0, le=3600.0, description="Time between kubelet queries.")
+    timeout: Duration = Field(2.0, gt=0.0, le=60.0, description="Deadline of one kubelet query.")
+    keep_for: Duration = Field(300.0, ge=0.0, description=(
+        "How long the last answer stays in use while the kubelet cannot be asked (a kubelet restart)."))
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="GPUSCOPE_",
@@ -71,6 +90,7 @@ class Settings(BaseSettings):
     alerting: AlertingConfig = AlertingConfig()
     capture: CaptureConfig = CaptureConfig()
     control: ControlConfig = ControlConfig()
+    pods: PodsConfig = PodsConfig()
 
     @classmethod
     def settings_customise_sources(

@@ -20,12 +20,18 @@ from gpuscope.counters import RateIntegrator, ResetSafeCounter
 from gpuscope.idle_dips import IdleDipCounter
 from gpuscope.nvml import DeviceReadings, GpuLostError, Nvml, NvmlDevice, NvmlUnavailable
 from gpuscope.processes import ProcessInspector
-from gpuscope.snapshot import GpuReading, ProcessReading, Snapshot, UtilizationSample
+from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot, UtilizationSample
 from gpuscope.xid import XidWatcher
 
 log = logging.getLogger(__name__)
 
 SnapshotListener = Callable[[Snapshot], None]
+# (GPU UUID, GPU index) -> the pod containers the GPU is allocated to; a dictionary lookup, no I/O.
+PodLookup = Callable[[str, int], tuple[PodContainer, ...]]
+
+
+def _no_pods(_uuid: str, _index: int) -> tuple[PodContainer, ...]:
+    return ()  # not a Kubernetes node, or pod attribution disabled
 
 
 @dataclass(slots=True)
@@ -53,6 +59,7 @@ class Sampler:
         retry_max_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        pods: PodLookup | None = None,
     ) -> None:
         self._nvml = nvml
         self._inspector = inspector
@@ -64,6 +71,7 @@ class Sampler:
         self._retry_max = retry_max_seconds
         self._clock = clock
         self._wall_clock = wall_clock
+        self._pods = pods or _no_pods
 
         self._devices: list[NvmlDevice] = []
         self._driver_version: str | None = None
@@ -209,7 +217,7 @@ class Sampler:
             ident = device.identity
             return GpuReading(index=ident.index, uuid=ident.uuid, name=ident.name,
                               pci_bus_id=ident.pci_bus_id, up=False, mig_enabled=ident.mig_enabled,
-                              xid_errors=xids)
+                              xid_errors=xids, pods=self._pods(ident.uuid, ident.index))
         if state.lost:
             log.info("GPU %d (%s) is readable again", device.identity.index, device.identity.uuid)
             state.lost = False
@@ -264,6 +272,7 @@ class Sampler:
             dram_active_ratio=gpm.get("dram_active"),
             idle_dips_total=dips,
             processes=self._processes(raw),
+            pods=self._pods(ident.uuid, ident.index),
         )
 
     def _clock_reasons(self, mask: int) -> frozenset[str]:

@@ -43,6 +43,15 @@ class ProcessReading:
     cmdline: tuple[str, ...] | None = None  # only filled when processes.cmdline is opted in
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class PodContainer:
+    """A pod's container that the kubelet allocated a GPU to (kubelet pod-resources API)."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
 @dataclass(frozen=True, slots=True)
 class GpuReading:
     """Everything read from one GPU in one tick. ``up`` is False when the GPU could not be read."""
@@ -76,6 +85,9 @@ class GpuReading:
     dram_active_ratio: float | None = None
     idle_dips_total: int | None = None
     processes: tuple[ProcessReading, ...] = ()
+    # The pod containers the kubelet allocated this GPU to, sorted: none outside Kubernetes, several
+    # where the GPU is time-sliced between pods.
+    pods: tuple[PodContainer, ...] = ()
 
     @property
     def compute_processes(self) -> tuple[ProcessReading, ...]:

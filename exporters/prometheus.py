@@ -15,13 +15,15 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from gpuscope.clock_events import CLOCK_EVENT_REASONS
-from gpuscope.snapshot import GpuReading, ProcessReading, Snapshot
+from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot
 from gpuscope.version import __version__
 
 CMDLINE_MAX_CHARS = 256  # keeps label values (and series size) bounded for long argv lists
 
 GPU_LABELS = ("gpu", "uuid")
-PROCESS_LABELS = ("gpu", "uuid", "pid", "process", "user", "container_id")
+PROCESS_LABELS = ("gpu", "uuid", "pid", "process", "user", "container_id", "pod", "namespace", "container")
+POD_LABELS = ("pod", "namespace", "container")
+_NO_POD = ("", "", "")
 
 
 class _Reading(NamedTuple):
@@ -90,6 +92,8 @@ _HELP_GPU_UP = "Whether the GPU could be read in the last sampling tick (1) or n
 _HELP_CLOCK_EVENT = ("Whether a clock event (throttle) reason is active (1) or not (0), "
                      "one series per reason the agent knows.")
 _HELP_XID = "Xid error events reported by the driver since the agent started, by Xid code, in events."
+_HELP_POD_INFO = ("A pod container the kubelet allocated the GPU to (value always 1); join on gpu and "
+                  "uuid to attribute any GPU series to pods. Several per GPU when it is time-sliced.")
 _HELP_PROCESSES = "Number of compute processes holding a context on the GPU."
 _HELP_PROC_MEMORY = "Device memory used by the process on this GPU, in bytes."
 _HELP_PROC_SM = ("Fraction of time (0-1) during which a kernel of the process was running on this GPU "
@@ -150,6 +154,9 @@ class GpuscopeCollector(Collector):
             if not gpu.up:
                 continue
             gpu_label = str(gpu.index)
+            # Attributed only when the kubelet gave the GPU to exactly one pod container: for a
+            # GPU time-sliced between pods, the kubelet cannot say which process is whose.
+            pod = _pod_label_values(gpu.pods[0]) if len(gpu.pods) == 1 else _NO_POD
             # NVML lists a process holding both a compute and a graphics context twice; the series
             # without the ``type`` label must appear once, so the first known value wins.
             # The same (pid, kind) listed twice would be a duplicate series and fail the whole scrape.
@@ -157,7 +164,7 @@ class GpuscopeCollector(Collector):
             memory_seen: set[int] = set()
             sm_seen: set[int] = set()
             for process in gpu.processes:
-                labels = self._process_label_values(gpu_label, gpu.uuid, process)
+                labels = self._process_label_values(gpu_label, gpu.uuid, process, pod)
                 if (process.pid, process.kind) not in info_seen:
                     info_seen.add((process.pid, process.kind))
                     info.add_metric((*labels, process.kind), 1)
@@ -169,18 +176,23 @@ class GpuscopeCollector(Collector):
                     sm.add_metric(labels, process.sm_utilization_ratio)
         return [memory, sm, info]
 
-    def _process_label_values(self, gpu_label: str, uuid: str, process: ProcessReading) -> tuple[str, ...]:
+    def _process_label_values(self, gpu_label: str, uuid: str, process: ProcessReading,
+                              pod: tuple[str, str, str]) -> tuple[str, ...]:
         if process.host_visible:
             values: tuple[str, ...] = (
                 gpu_label, uuid, str(process.pid),
-                process.name or "", process.user or "", process.container_id or "",
+                process.name or "", process.user or "", process.container_id or "", *pod,
             )
         else:
-            values = (gpu_label, uuid, str(process.pid), "", "", "")
+            values = (gpu_label, uuid, str(process.pid), "", "", "", *pod)
         if self._include_cmdline:
             cmdline = process.cmdline if process.host_visible else None
             values = (*values, " ".join(cmdline)[:CMDLINE_MAX_CHARS] if cmdline else "")
         return values
+
+
+def _pod_label_values(pod: PodContainer) -> tuple[str, str, str]:
+    return (pod.pod, pod.namespace, pod.container)
 
 
 def _gauge(name: str, help_text: str, labelnames: tuple[str, ...],
@@ -218,11 +230,14 @@ def _gpu_families(snapshot: Snapshot) -> list[Metric]:
                                      labels=(*GPU_LABELS, "reason"))
     xid = CounterMetricFamily("gpu_xid_errors", _HELP_XID, labels=(*GPU_LABELS, "xid"))
     processes = GaugeMetricFamily("gpu_processes", _HELP_PROCESSES, labels=GPU_LABELS)
+    pod_info = GaugeMetricFamily("gpu_pod_info", _HELP_POD_INFO, labels=(*GPU_LABELS, *POD_LABELS))
 
     for gpu in snapshot.gpus:
         labels = (str(gpu.index), gpu.uuid)
         info.add_metric((*labels, gpu.name, gpu.pci_bus_id, driver_version), 1)
         up.add_metric(labels, 1 if gpu.up else 0)
+        for pod in gpu.pods:  # allocations hold while a GPU is unreadable: still exported
+            pod_info.add_metric((*labels, *_pod_label_values(pod)), 1)
         # Counters must not vanish while the GPU is known, even when it cannot be read right now.
         for code in sorted(gpu.xid_errors):
             xid.add_metric((*labels, str(code)), gpu.xid_errors[code])
@@ -242,7 +257,7 @@ def _gpu_families(snapshot: Snapshot) -> list[Metric]:
         info, up,
         *(family for _, family in early), clock_events,
         *(family for _, family in pcie), xid,
-        *(family for _, family in late), processes,
+        *(family for _, family in late), processes, pod_info,
     ]
 
 

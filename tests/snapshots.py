@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from gpuscope.snapshot import GpuReading, ProcessReading, Snapshot, UtilizationSample
+from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot, UtilizationSample
 
 GIB = 1024**3
 MIB = 1024**2
@@ -134,7 +134,7 @@ def make_snapshot(gpus: Iterable[GpuReading] | None = None, **overrides: Any) ->
 
 def make_full_snapshot() -> Snapshot:
     """Every reading present and every label used: throttling, Xid errors, graphics and
-    host-invisible processes, sample errors. Renders every family in the catalogue."""
+    host-invisible processes, sample errors, a pod. Renders every family in the catalogue."""
     gpu0 = make_gpu(
         0,
         clock_event_reasons=frozenset({"sw_power_cap", "hw_slowdown"}),
@@ -146,6 +146,7 @@ def make_full_snapshot() -> Snapshot:
                          name="Xorg", user="root", container_id=None, cmdline=("/usr/lib/xorg/Xorg", ":0")),
             make_process(5150, host_visible=False, name=None, user=None, container_id=None, cmdline=None),
         ),
+        pods=(PodContainer(namespace="research", pod="llm-pretrain-0", container="trainer"),),
     )
     gpu1 = make_gpu(1, clock_event_reasons=frozenset({"gpu_idle"}), utilization_ratio=0.0,
                     utilization_samples=utilization_samples(0.0), processes=())

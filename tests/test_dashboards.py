@@ -34,11 +34,9 @@ DASHBOARDS = {p.stem: json.loads(p.read_text()) for p in sorted((ROOT / "dashboa
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 # Panels whose queries read metrics that the agent does not export yet: (dashboard, panel title,
-# refId) -> the missing metric. Pod attribution will add gpu_pod_info (and the `pod` label, which
-# the processes panels only show as a column or legend, so they return data without it); profiler
-# captures will add gpuscope_captures_total and gpuscope_capture_last_timestamp_seconds.
+# refId) -> the missing metric. Profiler captures will add gpuscope_captures_total and
+# gpuscope_capture_last_timestamp_seconds.
 NOT_YET_EXPORTED: dict[tuple[str, str, str], str] = {
-    ("gpu-fleet", "Top pods by wasted GPU time", "A"): "gpu_pod_info",
     ("gpu-fleet", "Recent profiler captures", "A"): "gpuscope_captures_total",
     ("gpu-fleet", "Recent profiler captures", "B"): "gpuscope_capture_last_timestamp_seconds",
     ("gpu-fleet", "annotation", "Profiler captures"): "gpuscope_captures_total",
@@ -46,7 +44,7 @@ NOT_YET_EXPORTED: dict[tuple[str, str, str], str] = {
     ("gpu-node", "Last capture", "A"): "gpuscope_capture_last_timestamp_seconds",
     ("gpu-node", "annotation", "Profiler captures"): "gpuscope_captures_total",
 }
-FUTURE_METRICS = {"gpu_pod_info"}  # not in docs/metrics.md yet
+FUTURE_METRICS: set[str] = set()  # used by a dashboard, not in docs/metrics.md yet
 
 
 @dataclass(frozen=True)
@@ -260,12 +258,15 @@ gpus:
     power: {limit_w: 450}
     processes: [{name: train-rank0, spawn: true, memory: 60GiB}]
     xid: [{at: 2s, code: 63}]
+    pods: [{namespace: research, pod: llm-pretrain-0, container: trainer}]
   - utilization: {pattern: steps, period: 1s, busy_fraction: 0.5, busy_level: 0.97, idle_level: 0.0}
     processes: [{name: train-rank1, spawn: true, memory: 58GiB}]
+    pods: [{namespace: research, pod: llm-pretrain-1, container: trainer}]
   - utilization: {level: 0.6, noise: 0.03}
     processes:
       - {name: train-rank2, spawn: true, memory: 40GiB, sm_share: 0.8}
       - {name: eval-job, spawn: true, memory: 10GiB, sm_share: 0.2}
+    pods: [{namespace: research, pod: llm-pretrain-2, container: trainer}]
   - utilization: 0
 """
 CONFIG = """

@@ -40,7 +40,7 @@ from gpuscope.clock_events import CLOCK_EVENT_REASONS
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.exporters.prometheus import CMDLINE_MAX_CHARS, GpuscopeCollector
-from gpuscope.snapshot import GpuReading, Snapshot
+from gpuscope.snapshot import GpuReading, PodContainer, Snapshot
 from gpuscope.version import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,9 +143,11 @@ def catalogue_section(text: str, title: str) -> str:
 def test_full_snapshot_renders_exactly_the_catalogue() -> None:
     text = CATALOGUE.read_text()
     # The Alerts table is AlertCollector's, checked by test_alert_collector_renders_exactly_the_catalogue;
-    # the Captures table is CaptureCollector's (test_capture_collector_renders_exactly_the_catalogue).
+    # the Captures table is CaptureCollector's (test_capture_collector_renders_exactly_the_catalogue),
+    # the Pods table's gpuscope_pod_resources_* rows PodResourcesCollector's (test_pods.py).
     documented = set(parse_catalogue(text)) - set(parse_catalogue(catalogue_section(text, "Alerts")))
     documented -= set(parse_catalogue(catalogue_section(text, "Captures")))
+    documented = {row for row in documented if not row.name.startswith("gpuscope_pod_resources_")}
     emitted = set()
     for family in collect(make_full_snapshot(), include_cmdline=True).values():
         label_sets = {frozenset(s.labels) for s in family.samples}
@@ -327,8 +329,8 @@ def test_gpu_processes_counts_compute_processes_only() -> None:
 def test_process_series_labels_and_values() -> None:
     process = make_process(4242, memory_used_bytes=20 * 1024 * MIB, sm_utilization_ratio=0.75)
     snapshot = make_snapshot(gpus=[make_gpu(5, processes=(process,))])
-    labels = (("container_id", process.container_id), ("gpu", "5"), ("pid", "4242"), ("process", "python3"),
-              ("user", "alice"), ("uuid", gpu_uuid(5)))
+    labels = (("container", ""), ("container_id", process.container_id), ("gpu", "5"), ("namespace", ""),
+              ("pid", "4242"), ("pod", ""), ("process", "python3"), ("user", "alice"), ("uuid", gpu_uuid(5)))
     assert samples(snapshot, "gpu_process_memory_used_bytes") == {labels: 20 * 1024 * MIB}
     assert samples(snapshot, "gpu_process_sm_utilization_ratio") == {labels: 0.75}
     assert samples(snapshot, "gpu_process_info") == {tuple(sorted((*labels, ("type", "compute")))): 1.0}
@@ -358,7 +360,8 @@ def test_process_without_host_details_has_empty_labels() -> None:
     snapshot = make_snapshot(gpus=[make_gpu(0, processes=(process,))])
     (labels,) = samples(snapshot, "gpu_process_info", include_cmdline=True)
     assert dict(labels) == {"gpu": "0", "uuid": gpu_uuid(0), "pid": "5150", "process": "", "user": "",
-                            "container_id": "", "cmdline": "", "type": "compute"}
+                            "container_id": "", "pod": "", "namespace": "", "container": "", "cmdline": "",
+                            "type": "compute"}
 
 
 def test_host_details_ignored_when_not_host_visible() -> None:
@@ -366,6 +369,39 @@ def test_host_details_ignored_when_not_host_visible() -> None:
     process = make_process(5150, host_visible=False)
     (labels,) = samples(make_snapshot(gpus=[make_gpu(0, processes=(process,))]), "gpu_process_info")
     assert (dict(labels)["process"], dict(labels)["user"], dict(labels)["container_id"]) == ("", "", "")
+
+
+TRAINER = PodContainer(namespace="research", pod="llm-pretrain-0", container="trainer")
+EVAL = PodContainer(namespace="research", pod="eval-nightly", container="eval")
+
+
+def test_process_of_a_gpu_allocated_to_one_pod_carries_the_pod() -> None:
+    # Host-invisible processes too: the labels describe the GPU's allocation.
+    processes = (make_process(1), make_process(2, host_visible=False))
+    snapshot = make_snapshot(gpus=[make_gpu(0, processes=processes, pods=(TRAINER,)),
+                                   make_gpu(1, processes=(make_process(3),))])
+    pods = {dict(labels)["pid"]: (dict(labels)["namespace"], dict(labels)["pod"], dict(labels)["container"])
+            for labels in samples(snapshot, "gpu_process_info")}
+    assert pods == {"1": ("research", "llm-pretrain-0", "trainer"),
+                    "2": ("research", "llm-pretrain-0", "trainer"), "3": ("", "", "")}
+
+
+def test_time_sliced_gpu_attributes_no_process_but_lists_every_pod() -> None:
+    snapshot = make_snapshot(gpus=[make_gpu(0, processes=(make_process(1), make_process(2)),
+                                            pods=(EVAL, TRAINER))])
+    assert {dict(labels)["pod"] for labels in samples(snapshot, "gpu_process_memory_used_bytes")} == {""}
+    assert samples(snapshot, "gpu_pod_info") == {
+        tuple(sorted({"gpu": "0", "uuid": gpu_uuid(0), "namespace": "research", "pod": pod.pod,
+                      "container": pod.container}.items())): 1.0
+        for pod in (EVAL, TRAINER)}
+
+
+def test_pod_info_absent_without_pods_and_kept_while_a_gpu_is_down() -> None:
+    assert "gpu_pod_info" not in collect(make_snapshot(gpus=make_gpus(2)))
+    down = GpuReading(index=0, uuid=gpu_uuid(0), name="NVIDIA H100 80GB HBM3", pci_bus_id="0", up=False,
+                      pods=(TRAINER,))
+    assert [dict(labels)["pod"] for labels in samples(make_snapshot(gpus=[down]), "gpu_pod_info")] == [
+        "llm-pretrain-0"]
 
 
 def test_process_none_readings_are_absent() -> None:
@@ -436,7 +472,7 @@ def test_every_gpu_reading_field_is_covered() -> None:
     """A reading added to GpuReading must be exported (or listed here as deliberately not)."""
     not_plain_readings = {
         "index", "uuid", "name", "pci_bus_id", "up", "mig_enabled", "utilization_samples",
-        "clock_event_reasons", "xid_errors", "processes",
+        "clock_event_reasons", "xid_errors", "processes", "pods",
     }
     assert {f.name for f in fields(GpuReading)} - not_plain_readings == {attr for attr, _ in READINGS}
 

@@ -166,6 +166,18 @@ class ProcessSpec(_Model):
         return self.start <= t and (self.stop is None or t < self.stop)
 
 
+# A Kubernetes object name: a DNS label (pods, namespaces and containers are all at most 63 here).
+_K8S_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+
+
+class PodSpec(_Model):
+    """A pod container the (simulated) kubelet allocated the GPU to."""
+
+    namespace: str = Field("default", pattern=_K8S_NAME)
+    pod: str = Field(pattern=_K8S_NAME)
+    container: str = Field(pattern=_K8S_NAME)
+
+
 class PhaseSpec(_Model):
     """From ``from`` until the next phase, override the GPU's dynamic settings (merged key by key)."""
 
@@ -204,6 +216,8 @@ class GpuSpec(_Model):
     xid: list[XidSpec] = []
     failures: list[FailureSpec] = []
     processes: list[ProcessSpec] = []
+    # Served by a simulated kubelet pod-resources socket (several: a time-sliced GPU).
+    pods: list[PodSpec] = []
 
     @field_validator("clock_event_reasons")
     @classmethod

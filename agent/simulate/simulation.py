@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 
 from gpuscope.simulate.fake_nvml import FakeNvmlLib, install_library, uninstall_library
+from gpuscope.simulate.kubelet import DeviceAllocation, FakeKubelet
 from gpuscope.simulate.model import GpuModel
 from gpuscope.simulate.scenario import Scenario
 
@@ -37,6 +41,8 @@ class Simulation:
         self._t0: float | None = None
         self._helpers: dict[str, subprocess.Popen[bytes]] = {}
         self._lib: FakeNvmlLib | None = None
+        self._kubelet: FakeKubelet | None = None
+        self._kubelet_dir: Path | None = None
 
     def now(self) -> float:
         """The current scenario time in seconds."""
@@ -53,27 +59,56 @@ class Simulation:
         """Spawned process name -> real pid (empty before install or with spawning disabled)."""
         return {name: proc.pid for name, proc in self._helpers.items()}
 
+    @property
+    def kubelet_socket(self) -> Path | None:
+        """Where the simulated kubelet serves the scenario's pods (from ``install`` to ``uninstall``);
+        None when no GPU of the scenario has pods."""
+        if not any(gpu.pods for gpu in self.scenario.gpus):
+            return None
+        if self._kubelet_dir is None:
+            self._kubelet_dir = Path(tempfile.mkdtemp(prefix="gpuscope-sim-kubelet-"))
+        return self._kubelet_dir / "kubelet.sock"
+
     def install(self) -> None:
-        """Start the helper processes, then make pynvml call the fake library."""
+        """Start the helper processes and the simulated kubelet, then make pynvml call the fake
+        library."""
         if self._lib is not None:
             return
         try:
             if self._spawn:
                 self._start_helpers()
-            lib = FakeNvmlLib(self.scenario, self._models(), self.now)
+            models = self._models()
+            socket = self.kubelet_socket
+            if socket is not None:
+                self._kubelet = FakeKubelet(socket, [
+                    DeviceAllocation(pod.namespace, pod.pod, pod.container, (model.uuid,))
+                    for model, gpu in zip(models, self.scenario.gpus, strict=True) for pod in gpu.pods])
+                self._kubelet.start()
+            lib = FakeNvmlLib(self.scenario, models, self.now)
             self._t0 = time.monotonic()
             install_library(lib)
             self._lib = lib
         except BaseException:
+            self._stop_kubelet()
             self._stop_helpers()
             raise
 
     def uninstall(self) -> None:
-        """Detach the fake library and terminate and reap the helpers. Safe to call twice."""
+        """Detach the fake library, stop the simulated kubelet, and terminate and reap the helpers.
+        Safe to call twice."""
         if self._lib is not None:
             uninstall_library(self._lib)
             self._lib = None
+        self._stop_kubelet()
         self._stop_helpers()
+
+    def _stop_kubelet(self) -> None:
+        if self._kubelet is not None:
+            self._kubelet.stop()
+            self._kubelet = None
+        if self._kubelet_dir is not None:
+            shutil.rmtree(self._kubelet_dir, ignore_errors=True)
+            self._kubelet_dir = None
 
     def __enter__(self) -> Simulation:
         self.install()
