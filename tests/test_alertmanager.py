@@ -59,12 +59,13 @@ def require_alertmanager() -> str:
 
 
 @contextmanager
-def run_alertmanager(directory: Path, port: int) -> Iterator[str]:
-    """An Alertmanager on 127.0.0.1:port until the block ends; yields its base URL."""
+def run_alertmanager(directory: Path, port: int, config_text: str = CONFIG) -> Iterator[str]:
+    """An Alertmanager on 127.0.0.1:port with this configuration until the block ends; yields its
+    base URL."""
     binary = require_alertmanager()
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "alertmanager.yml"
-    config.write_text(CONFIG)
+    config.write_text(config_text)
     log_path = directory / "alertmanager.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
