@@ -9,8 +9,14 @@ import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuscope.alerts.rules import RULE_TYPES
-from gpuscope.capture.config import DEFAULT_RULE_CAPTURE, CaptureConfig, StaticTarget, parse_address
-from gpuscope.config import format_errors
+from gpuscope.capture.config import (
+    DEFAULT_RULE_CAPTURE,
+    MAX_KINETO_SOCKET_DIR_BYTES,
+    CaptureConfig,
+    StaticTarget,
+    parse_address,
+)
+from gpuscope.config import ConfigError, format_errors, load_settings
 
 
 class Root(BaseModel):
@@ -40,6 +46,8 @@ def test_defaults() -> None:
     assert config.deadline_margin == 10.0
     assert config.profiler_ports == [6009]
     assert config.targets == [] and config.rules == {}
+    # Kineto: the abstract @dynolog, and a trace directory of the agent's own under its tempdir.
+    assert (config.kineto.trace_dir, config.kineto.socket_dir) == (None, None)
     assert set(DEFAULT_RULE_CAPTURE) == set(RULE_TYPES)
     assert {name for name in RULE_TYPES if config.rule_captures(name)} == {
         "GpuLowUtilization", "GpuFrequentIdleDips", "GpuUtilizationSkew", "GpuBusyButStalled"}
@@ -63,6 +71,10 @@ def test_values_as_people_write_them() -> None:
     assert config.rule_captures("GpuThrottled") and not config.rule_captures("GpuLowUtilization")
     assert config.rule_captures("GpuBusyButStalled"), "rules not named keep their default"
     assert config.targets[1] == StaticTarget(address="[fd00::7]:9012", all=True)
+    kineto = load({"kineto": {"trace_dir": "/run/gpuscope/kineto/traces",
+                              "socket_dir": "/run/gpuscope/kineto/ipc"}}).kineto
+    assert kineto.trace_dir == Path("/run/gpuscope/kineto/traces")
+    assert kineto.socket_dir == Path("/run/gpuscope/kineto/ipc")
     assert load({"store": {"quota_bytes": "1.5GB"}}).store.quota_bytes == 1_500_000_000
     assert load({"store": {"quota_bytes": 4 * 2**20}}).store.quota_bytes == 4 * 2**20
 
@@ -100,10 +112,52 @@ def test_values_as_people_write_them() -> None:
      "capture.targets.0.gpu: Input should be greater than or equal to 0"),
     ({"targets": [{"address": "host:6009", "gpu": 0, "port": 1}]}, "capture.targets.0.port: unknown key"),
     ({"enable": True}, "capture.enable: unknown key"),
+    ({"kineto": {"trace_dir": "kineto/traces"}},
+     "capture.kineto.trace_dir: Value error, must be an absolute path: the agent and the jobs must name "
+     "the same directory (got 'kineto/traces')"),
+    ({"kineto": {"trace_dir": "/run/gpuscope/../tmp"}},
+     "capture.kineto.trace_dir: Value error, must not contain '..'"),
+    ({"kineto": {"trace_dir": "/"}}, "capture.kineto.trace_dir: Value error, must be a directory of its own"),
+    ({"kineto": {"trace_dir": "/run/a\x00b"}},
+     "capture.kineto.trace_dir: Value error, a path must not contain a NUL character"),
+    ({"kineto": {"trace_dir": 7}}, "capture.kineto.trace_dir: Input is not a valid path"),
+    ({"kineto": {"socket_dir": "ipc"}}, "capture.kineto.socket_dir: Value error, must be an absolute path"),
+    ({"kineto": {"socket_dir": "/" + "s" * MAX_KINETO_SOCKET_DIR_BYTES}},
+     f"capture.kineto.socket_dir: Value error, must be at most {MAX_KINETO_SOCKET_DIR_BYTES} bytes long: "
+     "PyTorch binds its socket at <socket_dir>/dynoconfigclient<36-character uuid>"),
+    ({"kineto": {"trace_dir": "/run/k", "socket_dir": "/run/k"}},
+     "capture.kineto: Value error, trace_dir (/run/k) and socket_dir (/run/k) must be separate directories"),
+    ({"kineto": {"trace_dir": "/run/k/traces", "socket_dir": "/run/k"}},
+     "capture.kineto: Value error, trace_dir (/run/k/traces) and socket_dir (/run/k) must be separate"),
+    ({"kineto": {"trace_dir": "/run/k", "socket_dir": "/run/k/ipc"}},
+     "capture.kineto: Value error, trace_dir (/run/k) and socket_dir (/run/k/ipc) must be separate"),
+    ({"kineto": {"trace_directory": "/run/k"}}, "capture.kineto.trace_directory: unknown key"),
 ])
 def test_bad_values_are_refused_by_path(capture: dict[str, Any], expected: str) -> None:
     found = problems(capture)
     assert any(line.startswith(expected) for line in found), found
+
+
+def test_kineto_directories_at_their_limits() -> None:
+    longest = "/" + "s" * (MAX_KINETO_SOCKET_DIR_BYTES - 1)  # PyTorch 2.13 binds its socket under it
+    assert load({"kineto": {"socket_dir": longest}}).kineto.socket_dir == Path(longest)
+    # Siblings that share a prefix are separate directories.
+    kineto = load({"kineto": {"trace_dir": "/run/k/ipc-traces", "socket_dir": "/run/k/ipc"}}).kineto
+    assert kineto.trace_dir == Path("/run/k/ipc-traces")
+
+
+def test_kineto_directories_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSCOPE_CAPTURE__KINETO__TRACE_DIR", "/run/gpuscope/kineto/traces")
+    monkeypatch.setenv("GPUSCOPE_CAPTURE__KINETO__SOCKET_DIR", "/run/gpuscope/kineto/ipc")
+    kineto = load_settings().capture.kineto
+    assert kineto.trace_dir == Path("/run/gpuscope/kineto/traces")
+    assert kineto.socket_dir == Path("/run/gpuscope/kineto/ipc")
+    monkeypatch.setenv("GPUSCOPE_CAPTURE__KINETO__TRACE_DIR", "traces")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert caught.value.source == "GPUSCOPE_* environment variables"
+    assert caught.value.problems == ["capture.kineto.trace_dir: Value error, must be an absolute path: the "
+                                     "agent and the jobs must name the same directory (got 'traces')"]
 
 
 @pytest.mark.parametrize(("text", "expected"), [

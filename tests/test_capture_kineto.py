@@ -4,7 +4,8 @@
 The processes reach the daemon through a socket file (KINETO_IPC_SOCKET_DIR, a fresh short directory
 per run), so runs in parallel never share an address; one test uses the real abstract @dynolog and
 skips when something else on this host holds it. A KINETO_CONFIG file shortens the processes' poll
-period from 5 s to 1 s."""
+period from 5 s to 1 s. The directories named in ``capture.kineto`` are checked through
+``build_captures``, as the agent uses them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import contextlib
 import gzip
 import importlib.util
 import json
+import logging
 import os
 import queue
 import re
@@ -23,18 +25,21 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from gpuscope.capture.config import CaptureConfig
+from gpuscope.capture.factory import Captures, build_captures
 from gpuscope.capture.kineto import (
     HEADER,
     REQUEST,
     KinetoBackend,
     KinetoDaemon,
     KinetoDaemonError,
+    PendingTrace,
 )
 from gpuscope.capture.model import BackendResult, CaptureTarget
 from gpuscope.capture.store import safe_host
@@ -526,7 +531,7 @@ def test_the_capture_directory_belongs_to_the_process_user(short_dir: Path) -> N
     socket_dir = short_dir / "sock-user"
     daemon = KinetoDaemon(socket_dir=socket_dir, trace_dir=short_dir / "traces-user")
     with daemon:
-        assert stat_mode(socket_dir) == 0o1777  # every user's process makes its socket here
+        assert stat_mode(socket_dir) == 0o1733  # every user's process makes its socket here
         assert stat_mode(socket_dir / "dynolog") == 0o666
         assert stat_mode(daemon.trace_dir) == 0o711  # enterable, not listable
         client_path = socket_dir / "dynoconfigclient-test-nobody"
@@ -572,3 +577,133 @@ def test_many_processes_poll_at_once(short_dir: Path) -> None:
                 os.close(hold)
             for pid, _ in children:
                 os.waitpid(pid, 0)
+
+
+# --- the directories, as configured (capture.kineto) ----------------------------------------------
+
+def configured(tmp_path: Path, **kineto: Path) -> Captures:
+    config = CaptureConfig.model_validate({"store": {"root": str(tmp_path / "store")},
+                                           "kineto": {k: str(v) for k, v in kineto.items()}})
+    captures = build_captures(config, snapshots=lambda: None, hostname="node-1")
+    assert captures is not None
+    return captures
+
+
+def test_the_configured_directories_are_used(short_dir: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """capture.kineto.trace_dir and socket_dir with a real PyTorch job: both are made at start (their
+    missing parent too), the job polls the socket there and writes its trace in the trace directory."""
+    require_torch()
+    base = short_dir / "configured"
+    captures = configured(tmp_path, trace_dir=base / "traces", socket_dir=base / "ipc")
+    daemon = captures.kineto
+    assert (daemon.trace_dir, daemon.socket_dir) == (base / "traces", base / "ipc")
+    written: list[Path] = []
+    finish = daemon.finish
+
+    def finish_noting_the_files(trace: PendingTrace) -> None:
+        written.extend(trace.directory.iterdir())
+        finish(trace)
+
+    monkeypatch.setattr(daemon, "finish", finish_noting_the_files)
+    captures.start()
+    workload = start_workload(tmp_path, "configured", socket_dir=base / "ipc")
+    try:
+        # The parent lets other users' jobs through; see kineto.py on the two directories' modes.
+        assert [stat_mode(p) for p in (base, base / "traces", base / "ipc")] == [0o755, 0o711, 0o1733]
+        wait_ready(workload)
+        wait_registered(daemon, workload.pid)
+        result = KinetoBackend(daemon).capture(CaptureTarget("kineto", workload.pid), 0.5, tmp_path / "out",
+                                               run="r", deadline_s=DEADLINE_S)
+        assert result.outcome == "captured", (result, workload.log.read_text())
+        (trace_file,) = written
+        assert trace_file.parent.parent == base / "traces"
+        assert trace_file.name == f"trace_{workload.pid}.json"
+        assert list((base / "traces").iterdir()) == []
+    finally:
+        stop(workload)
+        captures.stop()
+    assert not (base / "ipc" / "dynolog").exists()
+
+
+def make_dir(path: Path, mode: int, uid: int | None = None) -> None:
+    path.mkdir(parents=True)
+    os.chmod(path, mode)
+    if uid is not None:
+        os.chown(path, uid, uid)
+
+
+def symlink_to_a_directory(path: Path) -> None:
+    make_dir(path.parent / f"{path.name}-target", 0o711)
+    path.symlink_to(path.parent / f"{path.name}-target")
+
+
+NOT_ROOT = os.geteuid() != 0
+BAD_DIRECTORIES: dict[str, tuple[str, Callable[[Path], None], str]] = {
+    # name: (the setting at fault, how its directory is made beforehand, what the warning says)
+    "trace dir writable by all": ("trace_dir", lambda p: make_dir(p, 0o777),
+                                  r"can be listed or written by other users \(mode 0777\).*chmod 0711"),
+    "trace dir listable": ("trace_dir", lambda p: make_dir(p, 0o755), r"listed or written .*mode 0755"),
+    "trace dir closed": ("trace_dir", lambda p: make_dir(p, 0o700),
+                         r"other users cannot enter .*mode 0700.*chmod 0711"),
+    "trace dir a symlink": ("trace_dir", symlink_to_a_directory, r"is a symlink, which the agent never"),
+    "trace dir a file": ("trace_dir", lambda p: p.write_text("x"), r"is not a directory"),
+    "trace dir of another user": ("trace_dir", lambda p: make_dir(p, 0o711, uid=65534),
+                                  r"belongs to uid 65534, not to the agent"),
+    "socket dir not sticky": ("socket_dir", lambda p: make_dir(p, 0o777),
+                              r"writable by everyone without the sticky bit \(mode 0777\).*chmod 1733"),
+    "socket dir a symlink": ("socket_dir", symlink_to_a_directory, r"is a symlink, which the agent never"),
+    "socket dir of another user": ("socket_dir", lambda p: make_dir(p, 0o1777, uid=65534),
+                                   r"belongs to uid 65534, neither the agent nor root"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_DIRECTORIES)
+def test_an_unusable_directory_disables_pytorch_captures_naming_the_setting(
+        case: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    setting, prepare, message = BAD_DIRECTORIES[case]
+    if "another user" in case and NOT_ROOT:
+        pytest.skip("needs root to give a directory to another user")
+    # Short names: the socket file must fit a Unix socket address.
+    base = Path(tempfile.mkdtemp(prefix="gk-", dir="/tmp"))
+    try:
+        directories = {"trace_dir": base / "t", "socket_dir": base / "s"}
+        prepare(directories[setting])
+        before = sorted((p.name, stat_mode(p)) for p in base.iterdir())
+        captures = configured(tmp_path, **directories)
+        with caplog.at_level(logging.WARNING, logger="gpuscope.capture.factory"):
+            captures.start()
+        try:
+            assert not captures.kineto.running
+            (record,) = [r for r in caplog.records if "PyTorch (Kineto) captures disabled" in r.message]
+            assert re.search(message, record.message), record.message
+            assert record.message.endswith(f"(setting capture.kineto.{setting})"), record.message
+            # Nothing was changed: no mode set on a directory the agent did not make.
+            if setting == "trace_dir":
+                assert sorted((p.name, stat_mode(p)) for p in base.iterdir()) == before
+        finally:
+            captures.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_existing_directories_keep_their_mode_and_leftovers_are_removed(short_dir: Path) -> None:
+    """A trace directory from an earlier run (a RuntimeDirectory kept across restarts, a hostPath):
+    accepted as it is, and the capture folders a crashed daemon left there are removed at start."""
+    traces, sockets = short_dir / "kept-traces", short_dir / "kept-ipc"
+    make_dir(traces, 0o701)  # others may enter, not list: fine, and left so
+    make_dir(sockets, 0o1777)  # what earlier versions made: sticky, so fine
+    leftover = traces / "4242-0123456789abcdef"
+    leftover.mkdir()
+    (leftover / "trace_7.json").write_text("{}")
+    (traces / "notes").write_text("not ours to remove")
+    with KinetoDaemon(socket_dir=sockets, trace_dir=traces):
+        assert (stat_mode(traces), stat_mode(sockets)) == (0o701, 0o1777)
+        assert sorted(p.name for p in traces.iterdir()) == ["notes"]
+
+
+def test_relative_directories_are_refused() -> None:
+    with pytest.raises(ValueError, match="trace_dir must be an absolute path, got 'traces'"):
+        KinetoDaemon(trace_dir="traces")
+    with pytest.raises(ValueError, match="socket_dir must be an absolute path, got 'ipc'"):
+        KinetoDaemon(socket_dir="ipc")

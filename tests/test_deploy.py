@@ -37,6 +37,7 @@ K8S = ROOT / "deploy" / "kubernetes"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 # The oldest Kubernetes release still commonly run, and a recent one (kubernetes-validate ships both).
 KUBERNETES_VERSIONS = ("1.29.0", "1.33.0")
+KINETO_DIR = "/run/gpuscope/kineto"  # the hostPath PyTorch pods share with the agent
 MAX_EXPOSURE = 3.0  # the issue's target; the achieved score is in docs/deploy.md and the README
 
 
@@ -133,6 +134,9 @@ def test_the_unit_is_a_hardened_notify_service_with_a_watchdog() -> None:
     # Other users' processes must stay visible with their real uids (process mapping).
     assert s.get("ProtectProc", ["default"]) == ["default"] and "PrivateUsers" not in s
     assert s["ConfigurationDirectory"] == ["gpuscope"] and s["StateDirectory"] == ["gpuscope"]
+    # /run/gpuscope for the control socket and the Kineto traces: the jobs (other users) pass through.
+    assert s["RuntimeDirectory"] == ["gpuscope"] and s["RuntimeDirectoryMode"] == ["0711"]
+    assert s["RuntimeDirectoryPreserve"] == ["restart"]
 
 
 def test_the_example_configuration_loads_and_writes_only_to_the_state_directory() -> None:
@@ -141,6 +145,12 @@ def test_the_example_configuration_loads_and_writes_only_to_the_state_directory(
     assert settings.processes.cmdline is False
     path = settings.alerting.event_log.path
     assert path is not None and str(path).startswith("/var/lib/gpuscope/")
+    # Sockets and Kineto traces in the unit's RuntimeDirectory, never in its private /tmp.
+    runtime = Path("/run") / service()["RuntimeDirectory"][0]
+    assert settings.control.socket.parent == runtime
+    trace_dir = settings.capture.kineto.trace_dir
+    assert trace_dir is not None and trace_dir.is_relative_to(runtime)
+    assert settings.capture.kineto.socket_dir is None  # host jobs reach the abstract @dynolog
 
 
 # -------------------------------------------------------------------------------------- Kubernetes
@@ -229,6 +239,12 @@ def test_the_daemonset_runs_on_gpu_nodes_with_the_least_privilege_it_needs(
     assert volumes[mounts["/etc/gpuscope"]["name"]]["configMap"]["name"] == "gpuscope-config"
     (port,) = container["ports"]
     assert port["name"] == "metrics" and port["containerPort"] == 9847
+    # Kineto: a host directory shared at the same path with PyTorch pods; the control socket's
+    # directory is the pod's own (the root file system is read-only).
+    kineto = mounts[KINETO_DIR]
+    assert not kineto.get("readOnly", False)
+    assert volumes[kineto["name"]]["hostPath"] == {"path": KINETO_DIR, "type": "DirectoryOrCreate"}
+    assert "emptyDir" in volumes[mounts["/run/gpuscope"]["name"]]
 
 
 def test_the_configuration_configmap_is_a_valid_agent_configuration(
@@ -240,6 +256,10 @@ def test_the_configuration_configmap_is_a_valid_agent_configuration(
     assert settings.web.listen_address == ":9847"
     event_log = settings.alerting.event_log.path
     assert event_log is not None and str(event_log).startswith("/var/lib/gpuscope/")
+    # Both Kineto directories in the shared hostPath: pods set KINETO_IPC_SOCKET_DIR to socket_dir.
+    kineto = settings.capture.kineto
+    assert kineto.trace_dir is not None and kineto.socket_dir is not None
+    assert kineto.trace_dir.parent == kineto.socket_dir.parent == Path(KINETO_DIR)
 
 
 def test_the_service_and_servicemonitor_find_the_agent(rendered: list[dict[str, Any]]) -> None:

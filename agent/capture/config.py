@@ -13,6 +13,9 @@ capture:
   targets:
     - {address: "10.0.0.7:6009", gpu: 0}
     - {address: "trainer:9012", all: true}
+  kineto:                                   # PyTorch jobs started with KINETO_USE_DAEMON=1
+    trace_dir: /run/gpuscope/kineto/traces  # they write their traces here: visible to them at this path
+    socket_dir: /run/gpuscope/kineto/ipc    # unset: the abstract socket @dynolog (host network only)
 ```
 
 Which alerts capture by default is in ``DEFAULT_RULE_CAPTURE`` (the rules whose cause a profiler trace can
@@ -36,6 +39,9 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 
 MAX_DURATION_SECONDS = 30.0  # the longest capture anyone may ask for (a trace of 30 s is already large)
 MIN_QUOTA_BYTES = 2**20
+# PyTorch binds its client socket at <socket_dir>/dynoconfigclient<36-character uuid>: 53 bytes after
+# the directory, in a Unix socket address of at most 107 (measured with PyTorch 2.13: 54 works, 55 fails).
+MAX_KINETO_SOCKET_DIR_BYTES = 107 - len("/dynoconfigclient") - 36
 
 # A profiler trace explains a GPU that waits (input pipeline, host work, synchronisation, stragglers);
 # it does not explain a hardware event (Xid), a thermal or power clamp, or who shares a GPU.
@@ -92,6 +98,29 @@ def _unique_ports(ports: list[int]) -> list[int]:
     return ports
 
 
+def _plain_absolute(value: Path) -> Path:
+    """An absolute path, written plainly (no ``..``): the agent and the jobs use this very path.
+    (The messages leave out the value: the error report adds it.)"""
+    if "\x00" in str(value):
+        raise ValueError("a path must not contain a NUL character")
+    if not value.is_absolute():
+        raise ValueError("must be an absolute path: the agent and the jobs must name the same directory")
+    if ".." in value.parts:
+        raise ValueError("must not contain '..': write the directory's plain path")
+    if value == Path("/"):
+        raise ValueError("must be a directory of its own, not /")
+    return value
+
+
+def _socket_dir(value: Path) -> Path:
+    value = _plain_absolute(value)
+    if len(str(value).encode()) > MAX_KINETO_SOCKET_DIR_BYTES:
+        raise ValueError(f"must be at most {MAX_KINETO_SOCKET_DIR_BYTES} bytes long: PyTorch binds its "
+                         "socket at <socket_dir>/dynoconfigclient<36-character uuid>, and a Unix socket "
+                         "address holds 107 bytes")
+    return value
+
+
 def _known_rules(rules: dict[str, bool]) -> dict[str, bool]:
     unknown = sorted(set(rules) - set(RULE_TYPES))
     if unknown:
@@ -133,6 +162,31 @@ class StaticTarget(_Section):
         return self
 
 
+class KinetoConfig(_Section):
+    """The agent's Kineto on-demand daemon (PyTorch jobs started with KINETO_USE_DAEMON=1)."""
+
+    trace_dir: Annotated[Path, AfterValidator(_plain_absolute)] | None = Field(
+        None, description="Directory in which the jobs write their traces (one random sub-directory per "
+                          "capture). The jobs must see it at the same path: not a private /tmp. "
+                          "Default: gpuscope-kineto-<uid> in the agent's temporary directory.")
+    socket_dir: Annotated[Path, AfterValidator(_socket_dir)] | None = Field(
+        None, description="Listen on the socket file <socket_dir>/dynolog, for jobs started with "
+                          "KINETO_IPC_SOCKET_DIR=<socket_dir> (containers without host networking). "
+                          "Default: the abstract socket @dynolog, which only the host's network "
+                          "namespace reaches.")
+
+    @model_validator(mode="after")
+    def _separate_directories(self) -> KinetoConfig:
+        # The socket directory is writable by every user (sticky); the trace directory is the agent's
+        # alone. Nested, one would inherit the other's exposure (or a cleanup of the other's entries).
+        trace, sock = self.trace_dir, self.socket_dir
+        if trace is not None and sock is not None and (
+                trace == sock or trace.is_relative_to(sock) or sock.is_relative_to(trace)):
+            raise ValueError(f"trace_dir ({trace}) and socket_dir ({sock}) must be separate directories, "
+                             "neither inside the other")
+        return self
+
+
 class CaptureConfig(_Section):
     enabled: bool = Field(True, description="Take captures at all (alert, webhook and user triggers).")
     store: StoreConfig = StoreConfig()
@@ -156,6 +210,7 @@ class CaptureConfig(_Section):
                           "no other port is looked at."))
     targets: list[StaticTarget] = Field(default_factory=list,
                                         description="Profiler services named by hand.")
+    kineto: KinetoConfig = KinetoConfig()
 
     @model_validator(mode="after")
     def _duration_within_max(self) -> CaptureConfig:

@@ -29,7 +29,8 @@ class Captures:
         try:
             self.kineto.start()
         except KinetoDaemonError as err:  # e.g. a dynolog daemon already owns @dynolog
-            log.warning("PyTorch (Kineto) captures disabled: %s", err)
+            setting = f" (setting capture.kineto.{err.setting})" if err.setting else ""
+            log.warning("PyTorch (Kineto) captures disabled: %s%s", err, setting)
         self.service.start()
 
     def stop(self) -> None:
@@ -52,7 +53,7 @@ def build_captures(config: CaptureConfig, *, snapshots: Callable[[], Snapshot | 
                     "to a writable directory", config.store.root, err)
         return None
     # The node's Kineto on-demand daemon: PyTorch jobs started with KINETO_USE_DAEMON=1 register here.
-    kineto = KinetoDaemon()
+    kineto = KinetoDaemon(trace_dir=config.kineto.trace_dir, socket_dir=config.kineto.socket_dir)
     backends: dict[str, CaptureBackend] = {"tsl": TslProfilerBackend(),
                                            "kineto": KinetoBackend(kineto, hostname=hostname)}
     resolver = TargetResolver(profiler_ports=config.profiler_ports, static_targets=config.targets,

@@ -34,10 +34,24 @@ socket directory, for file sockets).
 
 Where the trace goes: the agent's own ``trace_dir`` (one fresh, randomly named directory per capture,
 never a path taken from a client). The traced process writes it on *its* filesystem, so the agent and
-the process must see ``trace_dir`` at the same path: same mount namespace, or the same host directory
-mounted at the same path in the container. The abstract socket exists per network namespace: a
-container without host networking does not reach ``@dynolog`` (mount a shared directory and set
-``KINETO_IPC_SOCKET_DIR`` instead, or use ``gpuscope.workload.serve`` over TCP).
+the process must see ``trace_dir`` at the same path: same mount namespace (not a private /tmp), or the
+same host directory mounted at the same path in the container. The abstract socket exists per network
+namespace: a container without host networking does not reach ``@dynolog`` (mount a shared directory
+and set ``KINETO_IPC_SOCKET_DIR`` instead, or use ``gpuscope.workload.serve`` over TCP).
+
+Directory modes, set explicitly whatever the umask (the agent never follows a symlink at either
+directory's own path; missing parents are made 0755, for other users' processes to pass through):
+
+* ``trace_dir`` 0711, the agent's: other users' processes may pass through to their capture's folder
+  but can neither list it (the folder names are random and secret) nor create anything in it, so no
+  one can plant a file or a link where the agent looks for traces. It need not be world-writable like
+  /tmp: the process never creates a directory (the agent makes each capture's folder and gives it to
+  the process's user, or makes it writable when it cannot). An existing one must already be like
+  that; the agent does not change the mode of a directory it did not create.
+* ``socket_dir`` 01733: every user's process binds its client socket there (and PyTorch makes it
+  0666); sticky, so none removes another's socket or the daemon's; not listable, because a client
+  socket takes a trace config from anyone who can name it. An existing one keeps its mode (it may be
+  shared on purpose) but must be owned by the agent or root, and sticky if everyone may write in it.
 """
 
 from __future__ import annotations
@@ -77,6 +91,11 @@ _log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET_NAME = "dynolog"
 CLIENT_PREFIX = "dynoconfigclient"
+# Directory modes: see "Directory modes" in the module's docstring.
+TRACE_DIR_MODE = 0o711
+SOCKET_DIR_MODE = 0o1733
+PARENT_DIR_MODE = 0o755
+_CAPTURE_DIR_NAME = re.compile(r"\d+-[0-9a-f]{16}")  # <pid>-<random>, made by _make_trace_dir
 HEADER = struct.Struct("=Q32s")  # size_t size; char type[32]
 REQUEST = struct.Struct("=iiq")  # int32 type; int32 n; int64 jobid; then int32 pids[n]
 CONTEXT = struct.Struct("=iiq")  # int32 gpu; int32 pid; int64 jobid
@@ -100,7 +119,12 @@ _CHUNK = 1 << 20
 
 
 class KinetoDaemonError(RuntimeError):
-    """The daemon cannot start (its address is taken, its directories are unusable); says why."""
+    """The daemon cannot start (its address is taken, its directories are unusable); says why.
+    ``setting`` names the directory at fault, as in ``capture.kineto``: "trace_dir" or "socket_dir"."""
+
+    def __init__(self, message: str, *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 class KinetoUnreachableError(Exception):
@@ -154,6 +178,51 @@ def _default_trace_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"gpuscope-kineto-{os.geteuid()}"
 
 
+def _make_missing(path: Path) -> bool:
+    """Creates ``path`` (mode 0700, until its owner sets the final one) and its missing parents (0755,
+    so that other users' processes can pass through them); False when ``path`` existed already."""
+    missing: list[Path] = []
+    for candidate in (path, *path.parents):
+        if os.path.lexists(candidate):
+            break
+        missing.append(candidate)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:  # made meanwhile by someone else: then it is checked like any other
+            if directory == path:
+                return False
+            continue
+        if directory != path:
+            _chmod_directory(directory, PARENT_DIR_MODE)
+    return bool(missing)
+
+
+def _chmod_directory(path: Path, mode: int) -> os.stat_result:
+    """Sets the mode of the directory ``path`` itself, never of what a symlink there points to; its
+    stat. OSError (ELOOP, ENOTDIR) when ``path`` is a symlink or not a directory."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, mode)
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def _directory(path: Path, mode: int, *, what: str, setting: str) -> tuple[os.stat_result, bool]:
+    """Creates ``path`` with ``mode`` when it is missing; (its stat, whether it was made now). The
+    stat is taken without following a symlink at ``path``, which is refused."""
+    try:
+        created = _make_missing(path)
+        st = _chmod_directory(path, mode) if created else os.lstat(path)
+    except OSError as err:
+        raise KinetoDaemonError(f"cannot create the {what} {path}: {err}", setting=setting) from err
+    if not stat.S_ISDIR(st.st_mode):
+        raise KinetoDaemonError(f"the {what} {path} is not a directory (or is a symlink, which the "
+                                "agent never follows)", setting=setting)
+    return st, created
+
+
 class KinetoDaemon:
     """The node's Kineto on-demand daemon: learns which PyTorch processes poll, hands them trace
     configs. Thread-safe; ``start`` binds the socket and starts one receiving thread.
@@ -162,8 +231,9 @@ class KinetoDaemon:
     ``<socket_dir>/<socket_name>`` for processes started with ``KINETO_IPC_SOCKET_DIR=<socket_dir>``.
     PyTorch always addresses ``dynolog``: other names are for tests. ``trace_dir`` must be visible at
     the same path to the traced processes (see the module's docstring); by default a directory of
-    the agent's own under the temporary directory. A registration expires ``expire_after_s`` after the
-    process's last poll (3 poll periods)."""
+    the agent's own under the temporary directory. Both directories are absolute paths, made at
+    ``start`` when missing. A registration expires ``expire_after_s`` after the process's last poll
+    (3 poll periods)."""
 
     def __init__(self, *, socket_name: str = DEFAULT_SOCKET_NAME, socket_dir: str | Path | None = None,
                  trace_dir: str | Path | None = None, clock: Callable[[], float] = time.monotonic,
@@ -173,6 +243,9 @@ class KinetoDaemon:
         self.socket_name = socket_name
         self.socket_dir = Path(socket_dir) if socket_dir is not None else None
         self.trace_dir = Path(trace_dir) if trace_dir is not None else _default_trace_dir()
+        for name, path in (("socket_dir", self.socket_dir), ("trace_dir", self.trace_dir)):
+            if path is not None and not path.is_absolute():
+                raise ValueError(f"the Kineto daemon's {name} must be an absolute path, got {str(path)!r}")
         self.clock = clock
         self.expire_after_s = expire_after_s
         self.max_clients = max_clients
@@ -219,6 +292,7 @@ class KinetoDaemon:
         except BaseException:
             sock.close()
             raise
+        self._remove_leftovers()  # only now: a second daemon refused above must not touch them
         self._sock = sock
         self._stop.clear()
         self._thread = threading.Thread(target=self._serve, name="gpuscope-kineto", daemon=True)
@@ -271,25 +345,45 @@ class KinetoDaemon:
                 raise KinetoDaemonError(f"cannot bind @{self.socket_name}: {err}") from err
             return
         directory = self.socket_dir
+        directory_st = self._prepare_socket_dir(directory)
         try:
-            if not directory.exists():
-                directory.mkdir(parents=True, mode=0o755)
-                # Every process creates its client socket here: world-writable, sticky (like /tmp).
-                os.chmod(directory, 0o1777)
             path = directory / self.socket_name
             if len(os.fsencode(path)) > 107:
-                raise KinetoDaemonError(f"socket path {path} is too long for a Unix socket")
+                raise KinetoDaemonError(f"socket path {path} is too long for a Unix socket",
+                                        setting="socket_dir")
             self._clear_stale(path)
             sock.bind(str(path))
             os.chmod(path, 0o666)  # processes of any user may poll
             st = path.lstat()
             self._bound_inode = (st.st_dev, st.st_ino)
-            st = directory.stat()
-            self._socket_dir_id = (st.st_dev, st.st_ino)
+            self._socket_dir_id = (directory_st.st_dev, directory_st.st_ino)
         except KinetoDaemonError:
             raise
         except OSError as err:
-            raise KinetoDaemonError(f"cannot bind the Kineto daemon socket in {directory}: {err}") from err
+            raise KinetoDaemonError(f"cannot bind the Kineto daemon socket in {directory}: {err}",
+                                    setting="socket_dir") from err
+
+    @staticmethod
+    def _prepare_socket_dir(directory: Path) -> os.stat_result:
+        """Makes the socket directory (01733) or checks the existing one: a real directory, owned by
+        the agent or root, and sticky if everyone may write in it (else anyone could replace the
+        daemon's socket). An existing one keeps its mode: it may be shared on purpose."""
+        st, created = _directory(directory, SOCKET_DIR_MODE, what="Kineto socket directory",
+                                 setting="socket_dir")
+        if created:
+            return st
+        if st.st_uid not in (os.geteuid(), 0):
+            raise KinetoDaemonError(f"the Kineto socket directory {directory} belongs to uid {st.st_uid}, "
+                                    "neither the agent nor root: its owner could replace the daemon's "
+                                    "socket", setting="socket_dir")
+        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+            raise KinetoDaemonError(f"the Kineto socket directory {directory} is writable by everyone "
+                                    f"without the sticky bit (mode {_mode(st)}): anyone could replace the "
+                                    f"daemon's socket; chmod 1733 it", setting="socket_dir")
+        if not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            _log.warning("Kineto daemon: only uid %d can make its socket in %s (mode %s): other users' "
+                         "PyTorch processes cannot register (chmod 1733 it)", st.st_uid, directory, _mode(st))
+        return st
 
     def _clear_stale(self, path: Path) -> None:
         try:
@@ -312,21 +406,38 @@ class KinetoDaemon:
                                 "on-demand captures through gpuscope are disabled")
 
     def _prepare_trace_dir(self) -> None:
+        """Makes the trace directory (0711) or checks the existing one: a real directory of the agent's
+        own that other users may enter but neither list nor write (see the module's docstring)."""
         directory = self.trace_dir
+        st, created = _directory(directory, TRACE_DIR_MODE, what="Kineto trace directory",
+                                 setting="trace_dir")
+        if created:
+            return
+        if st.st_uid != os.geteuid():
+            raise KinetoDaemonError(f"the Kineto trace directory {directory} belongs to uid {st.st_uid}, "
+                                    f"not to the agent (uid {os.geteuid()})", setting="trace_dir")
+        if st.st_mode & 0o066:
+            raise KinetoDaemonError(f"the Kineto trace directory {directory} can be listed or written by "
+                                    f"other users (mode {_mode(st)}): they could find or plant traces; "
+                                    f"chmod 0711 it, or name a new directory", setting="trace_dir")
+        if not st.st_mode & stat.S_IXOTH:
+            raise KinetoDaemonError(f"other users cannot enter the Kineto trace directory {directory} "
+                                    f"(mode {_mode(st)}), so their jobs could not write traces; chmod 0711 "
+                                    "it", setting="trace_dir")
+
+    def _remove_leftovers(self) -> None:
+        """Removes the capture folders of a daemon that stopped mid-capture (a crash): the trace
+        directory outlives the agent (a RuntimeDirectory kept across restarts, a hostPath)."""
         try:
-            directory.mkdir(parents=True, exist_ok=True, mode=0o711)
-            st = directory.lstat()
-            if not stat.S_ISDIR(st.st_mode):
-                raise KinetoDaemonError(f"trace directory {directory} is not a directory (or is a symlink)")
-            if st.st_uid != os.geteuid():
-                raise KinetoDaemonError(f"trace directory {directory} belongs to uid {st.st_uid}, not to "
-                                        f"the agent (uid {os.geteuid()})")
-            # Others may enter (to write into their capture's directory) but not list it.
-            os.chmod(directory, 0o711)
-        except KinetoDaemonError:
-            raise
-        except OSError as err:
-            raise KinetoDaemonError(f"cannot prepare the trace directory {directory}: {err}") from err
+            with os.scandir(self.trace_dir) as entries:
+                stale = [Path(e.path) for e in entries
+                         if _CAPTURE_DIR_NAME.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return
+        for directory in stale:
+            _remove_tree(directory)
+        if stale:
+            _log.info("Kineto daemon: removed %d capture folder(s) left in %s", len(stale), self.trace_dir)
 
     # -- state ----------------------------------------------------------------------------------------
 
@@ -590,7 +701,11 @@ def _credentials(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int, int] 
 
 
 def _remove_tree(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)
+    shutil.rmtree(directory, ignore_errors=True)  # never follows a symlink found inside
+
+
+def _mode(st: os.stat_result) -> str:
+    return f"{stat.S_IMODE(st.st_mode):04o}"
 
 
 # -- the capture backend ---------------------------------------------------------------------------------
