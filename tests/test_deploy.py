@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 import yaml
+from agent_process import run_agent
+from test_e2e_prometheus import run_prometheus
 
 from gpuscope.cli import build_parser
 from gpuscope.config import load_settings
@@ -278,6 +280,33 @@ def test_the_service_and_servicemonitor_find_the_agent(rendered: list[dict[str, 
     assert svc["metadata"]["labels"][monitor["spec"]["jobLabel"]] == "gpuscope"
     assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "instance",
             "action": "replace"} in endpoint["relabelings"]
+
+
+@pytest.mark.e2e
+def test_the_servicemonitor_keeps_the_agents_pod_labels_in_a_real_prometheus(
+        rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    """The Prometheus Operator labels every scraped series with the agent pod's own namespace, pod and
+    container; the ServiceMonitor's honorLabels decides whether the agent's pod attribution survives."""
+    (monitor,) = by_kind(rendered, "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    honor = "true" if endpoint.get("honorLabels") else "false"
+    with run_agent(tmp_path, "--simulate", "demo") as agent:
+        # The scrape configuration the operator generates from the endpoint, as far as labels go.
+        config = ("global:\n  scrape_interval: 1s\n"
+                  f"scrape_configs:\n  - job_name: gpuscope\n    honor_labels: {honor}\n"
+                  f"    static_configs:\n      - targets: ['127.0.0.1:{agent.port}']\n"
+                  "        labels: {namespace: gpuscope, pod: gpuscope-x7k2p, container: agent}\n")
+        with run_prometheus(tmp_path / "prometheus", config) as prometheus:
+            processes = {s["metric"]["process"]: s["metric"]
+                         for s in prometheus.wait_for("gpu_process_info", count=5)}
+            pods = {s["metric"]["pod"] for s in prometheus.wait_for("gpu_pod_info", count=5)}
+    trainer = processes["train-rank0"]
+    assert (trainer.get("namespace"), trainer.get("pod"), trainer.get("container")) == (
+        "research", "llm-pretrain-0", "trainer"), trainer
+    # GPU 2 is time-sliced between two pods: its processes name no pod, least of all the agent's.
+    assert {"namespace", "pod", "container"}.isdisjoint(processes["eval-job"]), processes["eval-job"]
+    assert not [name for labels in processes.values() for name in labels if name.startswith("exported_")]
+    assert pods == {"llm-pretrain-0", "llm-pretrain-1", "llm-pretrain-2", "eval-nightly", "llm-pretrain-3"}
 
 
 def test_the_prometheusrule_carries_the_rules_file(rendered: list[dict[str, Any]], tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,34 +63,32 @@ def agent(tmp_path: Path) -> Iterator[RunningAgent]:
         yield running
 
 
-@pytest.fixture
-def prometheus(tmp_path: Path, agent: RunningAgent) -> Iterator[Prometheus]:
+@contextmanager
+def run_prometheus(directory: Path, config_text: str) -> Iterator[Prometheus]:
+    """A Prometheus on a free loopback port with this configuration until the block ends."""
     binary = require(PROMETHEUS, "prometheus")
+    directory.mkdir(parents=True, exist_ok=True)
+    config = directory / "prometheus.yml"
+    config.write_text(config_text)
+    log_path = directory / "prometheus.log"
     port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n"
-        f"  - job_name: gpuscope\n    static_configs:\n      - targets: ['127.0.0.1:{agent.port}']\n"
-    )
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=log, stderr=log,
-    )
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={directory / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+            stdout=log, stderr=log,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                if http_get(base + "/-/ready")[0] == 200:
+                if http_get(base + "/-/ready", timeout=1.0)[0] == 200:
                     break
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                log_text = (tmp_path / "prometheus.log").read_text()
-                raise AssertionError(f"prometheus did not start:\n{log_text}")
+                raise AssertionError(f"prometheus did not start:\n{log_path.read_text()}")
             time.sleep(0.2)
         yield Prometheus(base)
     finally:
@@ -98,7 +97,20 @@ def prometheus(tmp_path: Path, agent: RunningAgent) -> Iterator[Prometheus]:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
-        log.close()
+            proc.wait()
+
+
+def scrape_config(agent: RunningAgent) -> str:
+    """Scrape and evaluate every second; the agent as job "gpuscope"."""
+    return ("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n"
+            f"  - job_name: gpuscope\n    static_configs:\n      - targets: ['127.0.0.1:{agent.port}']\n")
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, agent: RunningAgent) -> Iterator[Prometheus]:
+    with run_prometheus(tmp_path, scrape_config(agent)) as server:
+        yield server
 
 
 def value(series: dict[str, Any]) -> float:

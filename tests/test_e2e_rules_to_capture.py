@@ -18,11 +18,9 @@ Alertmanager; its record says ``trigger.kind: webhook``, which the engine's capt
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,7 +30,7 @@ from agent_process import RunningAgent, free_port, http_get, run_agent
 from test_alertmanager import active_alerts, run_alertmanager
 from test_capture_service import jax_job, scenario_for  # noqa: F401  (jax_job is a fixture)
 from test_capture_tsl import Workload
-from test_e2e_prometheus import PROMETHEUS, Prometheus, require
+from test_e2e_prometheus import Prometheus, run_prometheus
 
 from gpuscope.capture.records import record_from_bytes
 from gpuscope.generated.tsl import xplane_pb2
@@ -89,43 +87,6 @@ scrape_configs:
     static_configs:
       - targets: ['127.0.0.1:{agent.port}']
 """
-
-
-@contextmanager
-def run_prometheus(directory: Path, config: str) -> Iterator[Prometheus]:
-    """A Prometheus on a free loopback port with this configuration until the block ends."""
-    binary = require(PROMETHEUS, "prometheus")
-    directory.mkdir(parents=True, exist_ok=True)
-    config_path = directory / "prometheus.yml"
-    config_path.write_text(config)
-    log_path = directory / "prometheus.log"
-    port = free_port()
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={config_path}", f"--storage.tsdb.path={directory / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=log,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: ready(base) or proc.poll() is not None, "prometheus to start", 30.0)
-        if proc.poll() is not None:
-            raise AssertionError(f"prometheus exited with {proc.returncode}:\n{log_path.read_text()}")
-        yield Prometheus(base)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def ready(base: str) -> bool:
-    try:
-        return http_get(base + "/-/ready", timeout=1.0)[0] == 200
-    except OSError:
-        return False
 
 
 def wait_until(predicate: Callable[[], T | None], what: str, timeout: float = DEADLINE_S,
