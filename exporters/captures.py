@@ -7,7 +7,7 @@ docs/metrics.md ("Captures").
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Protocol
+from typing import Protocol, get_args
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -15,6 +15,8 @@ from prometheus_client.registry import Collector
 from gpuscope.capture.model import Outcome, TriggerKind
 
 CAPTURE_LABELS = ("trigger", "outcome")
+_ALL_PAIRS: tuple[tuple[TriggerKind, Outcome], ...] = tuple(
+    (trigger, outcome) for trigger in get_args(TriggerKind) for outcome in get_args(Outcome))
 
 
 class CaptureStats(Protocol):
@@ -46,7 +48,14 @@ class CaptureCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         families: list[Metric] = []
-        counts = sorted(self._source.capture_counts().items())
+        stored = self._source.store_bytes()
+        observed = self._source.capture_counts()
+        if stored is not None:
+            # Every (trigger, outcome) pair from 0 while captures are enabled: a series that first
+            # appears at 1 hides that capture from increase() and rate(), so dashboards and alerts
+            # would miss the first capture of each kind after every agent restart.
+            observed = {**dict.fromkeys(_ALL_PAIRS, 0), **observed}
+        counts = sorted(observed.items())
         if counts:
             counter = CounterMetricFamily(
                 "gpuscope_captures",
@@ -56,7 +65,6 @@ class CaptureCollector(Collector):
             for (trigger, outcome), count in counts:
                 counter.add_metric((trigger, outcome), float(count))
             families.append(counter)
-        stored = self._source.store_bytes()
         if stored is not None:
             families.append(GaugeMetricFamily(
                 "gpuscope_capture_store_bytes",

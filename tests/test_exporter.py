@@ -634,16 +634,20 @@ def test_capture_collector_values_and_absence() -> None:
     registry = CollectorRegistry(auto_describe=True)
     registry.register(CaptureCollector(stats))
     parsed = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
-    assert {(s.labels["trigger"], s.labels["outcome"]): s.value
-            for s in parsed["gpuscope_captures"].samples} == {
+    counted = {(s.labels["trigger"], s.labels["outcome"]): s.value
+               for s in parsed["gpuscope_captures"].samples}
+    assert {pair: value for pair, value in counted.items() if value} == {
         ("alert", "captured"): 3.0, ("alert", "refused"): 5.0, ("user", "unreachable"): 1.0}
+    # Every other pair from 0, so that increase() sees each kind's first capture.
+    assert len(counted) == 4 * 6 and counted[("webhook", "captured")] == 0.0
     assert [s.value for s in parsed["gpuscope_capture_store_bytes"].samples] == [12_345_678.0]
     assert [s.value for s in parsed["gpuscope_capture_last_timestamp_seconds"].samples] == [1_700_000_300.5]
 
-    # Before the first capture: no counter series, an empty store, no last timestamp.
+    # Before the first capture: every counter at 0, an empty store, no last timestamp.
     stats.counts, stats.stored, stats.last = {}, 0, None
     families = {_exposed_name(m): m for m in CaptureCollector(stats).collect()}
-    assert set(families) == {"gpuscope_capture_store_bytes"}
+    assert set(families) == {"gpuscope_captures_total", "gpuscope_capture_store_bytes"}
+    assert {s.value for s in families["gpuscope_captures_total"].samples} == {0.0}
     assert families["gpuscope_capture_store_bytes"].samples[0].value == 0.0
     # No store (captures disabled): nothing at all.
     stats.stored = None
