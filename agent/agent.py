@@ -41,6 +41,15 @@ class Agent:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.simulation: Any = None
+        try:
+            self._build(settings)
+        except BaseException:
+            simulation = getattr(self, "simulation", None)  # set by _build, if it got that far
+            if simulation is not None:
+                simulation.uninstall()  # e.g. the simulated kubelet's temporary directory
+            raise
+
+    def _build(self, settings: Settings) -> None:
         if settings.simulate:
             # Imported lazily: the simulator (and its helper processes) exist only with --simulate.
             from gpuscope.simulate import Simulation, load_scenario

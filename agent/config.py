@@ -22,6 +22,7 @@ from gpuscope.durations import Duration, format_duration
 
 # Where the kubelet serves its pod-resources API (a Unix socket it re-creates when it restarts).
 KUBELET_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+MAX_UNIX_SOCKET_PATH_BYTES = 107  # sun_path holds 108 bytes, the last one a NUL
 
 
 class ConfigError(Exception):
@@ -55,15 +56,22 @@ class NvmlConfig(_Section):
     retry_max: Duration = Field(60.0, gt=0.0, description="Retry back-off ceiling.")
 
 
-def _absolute_path(path: Path) -> Path:
+def _unix_socket_path(path: Path) -> Path:
+    """An absolute path that fits a Unix socket address. (The messages leave out the value: the
+    error report adds it.)"""
+    text = str(path)
+    if "\x00" in text:
+        raise ValueError("a path must not contain a NUL character")
     if not path.is_absolute():
-        raise ValueError(f"must be an absolute path, not {str(path)!r}")
+        raise ValueError("must be an absolute path")
+    if len(text.encode()) > MAX_UNIX_SOCKET_PATH_BYTES:
+        raise ValueError(f"must be at most {MAX_UNIX_SOCKET_PATH_BYTES} bytes long (a Unix socket address)")
     return path
 
 
 class PodsConfig(_Section):
     enabled: bool = Field(True, description="Ask the kubelet which pod each GPU is allocated to.")
-    socket: Annotated[Path, AfterValidator(_absolute_path)] = Field(
+    socket: Annotated[Path, AfterValidator(_unix_socket_path)] = Field(
         KUBELET_POD_RESOURCES_SOCKET, description="The kubelet's pod-resources socket.")
     refresh_interval: Duration = Field(10.0, ge=1.0, le=3600.0, description="Time between kubelet queries.")
     timeout: Duration = Field(2.0, gt=0.0, le=60.0, description="Deadline of one kubelet query.")

@@ -9,7 +9,8 @@ lock and no I/O, and a scrape never waits on the kubelet.
 * The kubelet restarts (its socket disappears and comes back, or refuses connections for a moment):
   the last answer stays in use for ``keep_for``, since the pods themselves keep running; then it is
   dropped, so a long outage never attributes GPUs to pods that may be gone.
-* A pod that ends disappears with the next answer: each answer replaces the previous one whole.
+* A pod that ends disappears with the next answer that leaves it out: each answer replaces the
+  previous one whole. (The kubelet may go on listing a finished pod until it is garbage-collected.)
 """
 
 from __future__ import annotations
@@ -84,14 +85,20 @@ class PodAttribution:
         self._thread = threading.Thread(target=self._run, name="gpuscope-pods", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 2.0) -> None:
+    def stop(self, timeout: float = 0.5) -> None:
+        """Quick: a refresh still waiting on the kubelet (at most ``timeout`` of its own) is left to
+        its daemon thread, which never starts another, rather than closed under it."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                return
         self._client.close()
 
     def refresh(self) -> None:
         """Ask the kubelet once; on failure keep the last answer until it is ``keep_for`` old."""
+        if self._stop.is_set():
+            return
         present = self.socket_path.exists()
         if not present and not self._seen:
             return  # not a Kubernetes node (yet): stay quiet

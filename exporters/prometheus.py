@@ -154,9 +154,7 @@ class GpuscopeCollector(Collector):
             if not gpu.up:
                 continue
             gpu_label = str(gpu.index)
-            # Attributed only when the kubelet gave the GPU to exactly one pod container: for a
-            # GPU time-sliced between pods, the kubelet cannot say which process is whose.
-            pod = _pod_label_values(gpu.pods[0]) if len(gpu.pods) == 1 else _NO_POD
+            pod = _process_pod_labels(gpu.pods)
             # NVML lists a process holding both a compute and a graphics context twice; the series
             # without the ``type`` label must appear once, so the first known value wins.
             # The same (pid, kind) listed twice would be a duplicate series and fail the whole scrape.
@@ -193,6 +191,18 @@ class GpuscopeCollector(Collector):
 
 def _pod_label_values(pod: PodContainer) -> tuple[str, str, str]:
     return (pod.pod, pod.namespace, pod.container)
+
+
+def _process_pod_labels(pods: tuple[PodContainer, ...]) -> tuple[str, str, str]:
+    """(pod, namespace, container) for the processes on a GPU held by ``pods``. For a GPU
+    time-sliced between pods the kubelet cannot say which process is whose: no pod. Between
+    containers of one pod: the pod, without a container."""
+    if not pods:
+        return _NO_POD
+    first = pods[0]
+    if any((p.namespace, p.pod) != (first.namespace, first.pod) for p in pods[1:]):
+        return _NO_POD
+    return (first.pod, first.namespace, first.container if len(pods) == 1 else "")
 
 
 def _gauge(name: str, help_text: str, labelnames: tuple[str, ...],

@@ -67,8 +67,10 @@ class RunningAgent:
 
 
 @contextmanager
-def run_agent(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[RunningAgent]:
-    port = free_port()
+def run_agent(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+              port: int | None = None) -> Iterator[RunningAgent]:
+    """`gpuscope run` on 127.0.0.1:``port`` (default: a free one) until the block ends."""
+    port = port or free_port()
     log = tmp_path / f"agent-{port}.log"
     with log.open("w") as err:
         proc = subprocess.Popen(

@@ -646,6 +646,8 @@ BAD_DIRECTORIES: dict[str, tuple[str, Callable[[Path], None], str]] = {
     "trace dir listable": ("trace_dir", lambda p: make_dir(p, 0o755), r"listed or written .*mode 0755"),
     "trace dir closed": ("trace_dir", lambda p: make_dir(p, 0o700),
                          r"other users cannot enter .*mode 0700.*chmod 0711"),
+    "trace dir not the agent's to write": ("trace_dir", lambda p: make_dir(p, 0o511),
+                                           r"cannot list, write or enter its own .*mode 0511.*chmod 0711"),
     "trace dir a symlink": ("trace_dir", symlink_to_a_directory, r"is a symlink, which the agent never"),
     "trace dir a file": ("trace_dir", lambda p: p.write_text("x"), r"is not a directory"),
     "trace dir of another user": ("trace_dir", lambda p: make_dir(p, 0o711, uid=65534),

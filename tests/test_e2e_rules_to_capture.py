@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
-from agent_process import RunningAgent, free_port, http_get, run_agent
+from agent_process import free_port, http_get, run_agent
 from test_alertmanager import active_alerts, run_alertmanager
 from test_capture_service import jax_job, scenario_for  # noqa: F401  (jax_job is a fixture)
 from test_capture_tsl import Workload
@@ -41,7 +41,9 @@ RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "gpus
 ALERT = "GpuXidError"
 XID_GPU = 1  # scenario_for(pid): GPU 1 holds the JAX job
 XID_CODE = 48  # double-bit ECC: not on the rule's list of application-caused Xids (13, 31, 43, 45)
-XID_AT_S = 15  # scenario time: after Prometheus first scrapes the agent, 6-8 s after start (checked below)
+# Scenario time: Prometheus and Alertmanager run before the agent starts, so Prometheus scrapes the
+# agent within a second or two of its start, well before the Xid (checked below).
+XID_AT_S = 12
 DEADLINE_S = 45.0  # each hop below; the whole test takes about 25 s
 
 T = TypeVar("T")
@@ -55,7 +57,7 @@ def scenario(pid: int) -> str:
     return yaml.safe_dump(document)
 
 
-def alertmanager_config(agent: RunningAgent) -> str:
+def alertmanager_config(agent_base: str) -> str:
     # Grouped per alert and GPU, sent after 1 s; never repeated within the test.
     return f"""\
 route:
@@ -67,12 +69,12 @@ route:
 receivers:
   - name: gpuscope
     webhook_configs:
-      - url: {agent.base}/api/v1/alertmanager
+      - url: {agent_base}/api/v1/alertmanager
         send_resolved: false
 """
 
 
-def prometheus_config(agent: RunningAgent, alertmanager: str) -> str:
+def prometheus_config(agent_port: int, alertmanager: str) -> str:
     return f"""\
 global:
   scrape_interval: 1s
@@ -85,7 +87,7 @@ alerting:
 scrape_configs:
   - job_name: gpuscope
     static_configs:
-      - targets: ['127.0.0.1:{agent.port}']
+      - targets: ['127.0.0.1:{agent_port}']
 """
 
 
@@ -136,73 +138,77 @@ def test_shipped_rule_fires_and_alertmanager_webhook_captures_the_job(
         f"capture:\n  profiler_ports: [{jax_job.port}]\n  duration: 1s\n"
         f"  rules: {{{ALERT}: true}}\n"
     )
-    with run_agent(tmp_path, "--config", str(config), "--simulate", str(scenario_path)) as agent:
-        store = tmp_path / f"captures-{agent.port}"  # run_agent's GPUSCOPE_CAPTURE__STORE__ROOT
-        instance = f"127.0.0.1:{agent.port}"
-        with run_alertmanager(tmp_path / "am", free_port(), alertmanager_config(agent)) as alertmanager, \
-                run_prometheus(tmp_path / "prometheus", prometheus_config(agent, alertmanager)) as prometheus:
+    port = free_port()
+    store = tmp_path / f"captures-{port}"  # run_agent's GPUSCOPE_CAPTURE__STORE__ROOT
+    instance = f"127.0.0.1:{port}"
+    # Prometheus and Alertmanager first, so that the scenario's clock starts once they are watching.
+    agent_args = ("--config", str(config), "--simulate", str(scenario_path))
+    with run_alertmanager(tmp_path / "am", free_port(), alertmanager_config(f"http://{instance}")) as \
+            alertmanager, \
+            run_prometheus(tmp_path / "prometheus", prometheus_config(port, alertmanager)) as prometheus, \
+            run_agent(tmp_path, *agent_args, port=port) as agent:
 
-            def logs() -> str:
-                return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}"
-                                 for p in (agent.log, tmp_path / "am" / "alertmanager.log",
-                                           tmp_path / "prometheus" / "prometheus.log"))
+        def logs() -> str:
+            return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}"
+                             for p in (agent.log, tmp_path / "am" / "alertmanager.log",
+                                       tmp_path / "prometheus" / "prometheus.log"))
 
-            # Prometheus loaded the shipped file: every alert rule in it, none of them in error.
-            shipped = [r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
-            groups = get_json(prometheus.base + "/api/v1/rules?type=alert")["data"]["groups"]
-            loaded = {r["name"]: r for g in groups for r in g["rules"]}
-            assert sorted(loaded) == sorted(shipped) and ALERT in loaded, groups
-            assert all(r["health"] != "err" for r in loaded.values()), loaded
-            assert all(g["file"] == str(RULES) for g in groups), groups
+        # Prometheus loaded the shipped file: every alert rule in it, none of them in error.
+        shipped = [r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+        groups = get_json(prometheus.base + "/api/v1/rules?type=alert")["data"]["groups"]
+        loaded = {r["name"]: r for g in groups for r in g["rules"]}
+        assert sorted(loaded) == sorted(shipped) and ALERT in loaded, groups
+        assert all(r["health"] != "err" for r in loaded.values()), loaded
+        assert all(g["file"] == str(RULES) for g in groups), groups
 
-            # 1. The shipped rule fires in Prometheus, with the scrape's target labels.
-            (fired,) = wait_until(lambda: firing_in_prometheus(prometheus),
-                                  f"{ALERT} to fire in Prometheus", diagnostics=logs)
-            labels = fired["labels"]
-            assert labels["instance"] == instance and labels["job"] == "gpuscope", labels
-            assert labels["gpu"] == str(XID_GPU) and labels["xid"] == str(XID_CODE), labels
-            assert labels["uuid"].startswith("GPU-") and labels["severity"] == "critical", labels
-            series = prometheus.query(f'ALERTS{{alertname="{ALERT}", alertstate="firing"}}')
-            assert [s["metric"]["gpu"] for s in series] == [str(XID_GPU)], series
-            # Prometheus scraped the agent before the Xid, too: the rule fired on a counter that
-            # appeared while Prometheus watched, not only on one there at the first scrape.
-            scrapes = prometheus.query(f'count_over_time(up{{instance="{instance}"}}[5m])')
-            with_xid = prometheus.query(
-                f'count_over_time(gpu_xid_errors_total{{instance="{instance}"}}[5m])')
-            assert [s["metric"]["gpu"] for s in with_xid] == [str(XID_GPU)], with_xid
-            assert float(scrapes[0]["value"][1]) > float(with_xid[0]["value"][1]), (
-                "the first scrape came after the Xid (the machine is slow to start Prometheus)",
-                scrapes, with_xid)
+        # 1. The shipped rule fires in Prometheus, with the scrape's target labels.
+        (fired,) = wait_until(lambda: firing_in_prometheus(prometheus),
+                              f"{ALERT} to fire in Prometheus", diagnostics=logs)
+        labels = fired["labels"]
+        assert labels["instance"] == instance and labels["job"] == "gpuscope", labels
+        assert labels["gpu"] == str(XID_GPU) and labels["xid"] == str(XID_CODE), labels
+        assert labels["uuid"].startswith("GPU-") and labels["severity"] == "critical", labels
+        series = prometheus.query(f'ALERTS{{alertname="{ALERT}", alertstate="firing"}}')
+        assert [s["metric"]["gpu"] for s in series] == [str(XID_GPU)], series
+        # Prometheus scraped the agent before the Xid, too: the rule fired on a counter that
+        # appeared while Prometheus watched, not only on one there at the first scrape.
+        scrapes = prometheus.query(f'sum_over_time(up{{instance="{instance}"}}[5m])')  # successful
+        with_xid = prometheus.query(
+            f'count_over_time(gpu_xid_errors_total{{instance="{instance}"}}[5m])')
+        assert [s["metric"]["gpu"] for s in with_xid] == [str(XID_GPU)], with_xid
+        assert float(scrapes[0]["value"][1]) > float(with_xid[0]["value"][1]), (
+            "the first successful scrape came after the Xid",
+            scrapes, with_xid)
 
-            # 2. Prometheus sent it to Alertmanager, which holds it with the same labels.
-            (held,) = wait_until(lambda: active_alerts(alertmanager, ALERT), f"{ALERT} in Alertmanager",
-                                 diagnostics=logs)
-            assert held["labels"] == labels, (held["labels"], labels)
-            assert held["receivers"] == [{"name": "gpuscope"}]
-            generator = urllib.parse.urlsplit(held["generatorURL"])  # Prometheus names it by hostname
-            assert generator.port == urllib.parse.urlsplit(prometheus.base).port, held
-            assert "gpu_xid_errors_total" in urllib.parse.parse_qs(generator.query)["g0.expr"][0], held
+        # 2. Prometheus sent it to Alertmanager, which holds it with the same labels.
+        (held,) = wait_until(lambda: active_alerts(alertmanager, ALERT), f"{ALERT} in Alertmanager",
+                             diagnostics=logs)
+        assert held["labels"] == labels, (held["labels"], labels)
+        assert held["receivers"] == [{"name": "gpuscope"}]
+        generator = urllib.parse.urlsplit(held["generatorURL"])  # Prometheus names it by hostname
+        assert generator.port == urllib.parse.urlsplit(prometheus.base).port, held
+        assert "gpu_xid_errors_total" in urllib.parse.parse_qs(generator.query)["g0.expr"][0], held
 
-            # 3. Alertmanager's webhook reached the agent, which took and stored the capture.
-            record_path = wait_until(lambda: next(store.glob("*/capture.json"), None),
-                                     "a capture in the agent's store", diagnostics=logs)
-            record = record_from_bytes(record_path.read_bytes())
-            assert record.trigger.kind == "webhook" and record.trigger.alertname == ALERT, record
-            assert record.gpu == XID_GPU and pid in record.pids, record
-            assert record.outcome == "captured" and record.error is None, record
-            (xplane,) = [f for f in record.files if f.endswith(".xplane.pb")]
-            space = xplane_pb2.XSpace.FromString((record_path.parent / xplane).read_bytes())
-            assert space.planes, "an empty trace"
+        # 3. Alertmanager's webhook reached the agent, which took and stored the capture.
+        record_path = wait_until(lambda: next(store.glob("*/capture.json"), None),
+                                 "a capture in the agent's store", diagnostics=logs)
+        record = record_from_bytes(record_path.read_bytes())
+        assert record.trigger.kind == "webhook" and record.trigger.alertname == ALERT, record
+        assert record.gpu == XID_GPU and pid in record.pids, record
+        assert record.outcome == "captured" and record.error is None, record
+        (xplane,) = [f for f in record.files if f.endswith(".xplane.pb")]
+        space = xplane_pb2.XSpace.FromString((record_path.parent / xplane).read_bytes())
+        assert space.planes, "an empty trace"
 
-            # Alertmanager counts the notification as delivered: the agent answered 2xx.
-            am_metrics = http_get(alertmanager + "/metrics")[1]
-            assert metric_sum(am_metrics, "alertmanager_notifications_total", integration="webhook") >= 1
-            assert metric_sum(am_metrics, "alertmanager_notifications_failed_total",
-                              integration="webhook") == 0, am_metrics
+        # Alertmanager counts the notification as delivered: the agent answered 2xx.
+        am_metrics = http_get(alertmanager + "/metrics")[1]
+        assert metric_sum(am_metrics, "alertmanager_notifications_total", integration="webhook") >= 1
+        assert metric_sum(am_metrics, "alertmanager_notifications_failed_total",
+                          integration="webhook") == 0, am_metrics
 
-            # Only the webhook path: the agent's engine is off, and only that one capture exists.
-            assert get_json(agent.base + "/api/v1/alerts") == {"enabled": False, "alerts": []}
-            metrics = agent.wait_for("/metrics", "gpuscope_captures_total{")
-            assert metric_sum(metrics, "gpuscope_captures_total", trigger="webhook", outcome="captured") == 1
-            assert metric_sum(metrics, "gpuscope_captures_total", trigger="alert") == 0
-            assert [p.parent for p in store.glob("*/capture.json")] == [record_path.parent]
+        # Only the webhook path: the agent's engine is off, and only that one capture exists.
+        assert get_json(agent.base + "/api/v1/alerts") == {"enabled": False, "alerts": []}
+        metrics = agent.get("/metrics")[1]
+        assert metric_sum(metrics, "gpuscope_captures_total", trigger="webhook", outcome="captured") == 1
+        assert metric_sum(metrics, "gpuscope_captures_total", trigger="alert") == 0
+        assert [p.parent for p in store.glob("*/capture.json")] == [record_path.parent]

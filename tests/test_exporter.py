@@ -396,6 +396,14 @@ def test_time_sliced_gpu_attributes_no_process_but_lists_every_pod() -> None:
         for pod in (EVAL, TRAINER)}
 
 
+def test_a_gpu_shared_by_containers_of_one_pod_names_the_pod_without_a_container() -> None:
+    sidecar = PodContainer(namespace="research", pod="llm-pretrain-0", container="profiler")
+    snapshot = make_snapshot(gpus=[make_gpu(0, processes=(make_process(1),), pods=(sidecar, TRAINER))])
+    ((labels, _),) = samples(snapshot, "gpu_process_info").items()
+    assert (dict(labels)["namespace"], dict(labels)["pod"], dict(labels)["container"]) == (
+        "research", "llm-pretrain-0", "")
+
+
 def test_pod_info_absent_without_pods_and_kept_while_a_gpu_is_down() -> None:
     assert "gpu_pod_info" not in collect(make_snapshot(gpus=make_gpus(2)))
     down = GpuReading(index=0, uuid=gpu_uuid(0), name="NVIDIA H100 80GB HBM3", pci_bus_id="0", up=False,

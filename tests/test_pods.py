@@ -232,6 +232,8 @@ def test_pod_resources_collector_renders_exactly_its_catalogue_rows(kubelet: Fak
 
 @pytest.mark.parametrize(("overrides", "problem"), [
     ({"socket": "pod-resources/kubelet.sock"}, "pods.socket: Value error, must be an absolute path"),
+    ({"socket": "/run/a\x00b"}, "pods.socket: Value error, a path must not contain a NUL character"),
+    ({"socket": "/" + "k" * 107}, "pods.socket: Value error, must be at most 107 bytes long"),
     ({"refresh_interval": "100ms"}, "pods.refresh_interval: Input should be greater than or equal to 1"),
     ({"timeout": "0s"}, "pods.timeout: Input should be greater than 0"),
     ({"keep_for": "soon"}, "pods.keep_for:"),
@@ -248,6 +250,29 @@ def test_pods_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("GPUSCOPE_PODS__REFRESH_INTERVAL", "30s")
     settings = load_settings()
     assert (settings.pods.socket, settings.pods.refresh_interval) == (Path("/run/k/kubelet.sock"), 30.0)
+
+
+def test_the_simulated_kubelet_serves_the_scenarios_pods_and_leaves_nothing_behind() -> None:
+    from gpuscope.simulate import Simulation, load_scenario
+
+    simulation = Simulation(load_scenario("demo"), spawn_processes=False)
+    socket_path = simulation.kubelet_socket
+    assert socket_path is not None and socket_path.parent.is_dir()
+    simulation.uninstall()  # never installed (an agent that failed to start): the directory goes too
+    assert not socket_path.parent.exists()
+
+    simulation = Simulation(load_scenario("demo"), spawn_processes=False)
+    with simulation:
+        socket_path = simulation.kubelet_socket
+        assert socket_path is not None
+        client = PodResourcesClient(socket_path, timeout_seconds=5)
+        allocations = client.list_gpu_allocations()
+        client.close()
+        uuids = [model.uuid for model in simulation._models()]
+        assert allocations.pods_for(uuids[0], 0) == (PodContainer("research", "llm-pretrain-0", "trainer"),)
+        assert [p.pod for p in allocations.pods_for(uuids[2], 2)] == ["eval-nightly", "llm-pretrain-2"]
+    assert not socket_path.parent.exists()
+    assert Simulation(load_scenario("healthy")).kubelet_socket is None  # no pods, no kubelet
 
 
 # -- the whole agent -----------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def _plain_absolute(value: Path) -> Path:
         raise ValueError("must be an absolute path: the agent and the jobs must name the same directory")
     if ".." in value.parts:
         raise ValueError("must not contain '..': write the directory's plain path")
-    if value == Path("/"):
+    if str(value).strip("/") == "":  # "/", and "//" (which pathlib keeps as a root of its own)
         raise ValueError("must be a directory of its own, not /")
     return value
 

@@ -420,6 +420,9 @@ class KinetoDaemon:
             raise KinetoDaemonError(f"the Kineto trace directory {directory} can be listed or written by "
                                     f"other users (mode {_mode(st)}): they could find or plant traces; "
                                     f"chmod 0711 it, or name a new directory", setting="trace_dir")
+        if st.st_mode & stat.S_IRWXU != stat.S_IRWXU:
+            raise KinetoDaemonError(f"the agent cannot list, write or enter its own Kineto trace directory "
+                                    f"{directory} (mode {_mode(st)}); chmod 0711 it", setting="trace_dir")
         if not st.st_mode & stat.S_IXOTH:
             raise KinetoDaemonError(f"other users cannot enter the Kineto trace directory {directory} "
                                     f"(mode {_mode(st)}), so their jobs could not write traces; chmod 0711 "

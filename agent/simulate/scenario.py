@@ -166,7 +166,8 @@ class ProcessSpec(_Model):
         return self.start <= t and (self.stop is None or t < self.stop)
 
 
-# A Kubernetes object name: a DNS label (pods, namespaces and containers are all at most 63 here).
+# A Kubernetes object name, as a DNS subdomain: lower-case letters, digits, '-' and '.', at most 253
+# characters, starting and ending with a letter or digit.
 _K8S_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
 

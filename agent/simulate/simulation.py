@@ -61,8 +61,9 @@ class Simulation:
 
     @property
     def kubelet_socket(self) -> Path | None:
-        """Where the simulated kubelet serves the scenario's pods (from ``install`` to ``uninstall``);
-        None when no GPU of the scenario has pods."""
+        """Where the simulated kubelet serves the scenario's pods while installed; None when no GPU
+        of the scenario has pods. Reading it makes the socket's temporary directory, which
+        ``uninstall`` removes: call ``uninstall`` even when ``install`` never ran."""
         if not any(gpu.pods for gpu in self.scenario.gpus):
             return None
         if self._kubelet_dir is None:
