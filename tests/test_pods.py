@@ -324,7 +324,11 @@ def test_gpuscope_run_attributes_gpus_to_the_kubelets_pods(tmp_path: Path) -> No
 
             fake.set_allocations([DeviceAllocation("research", "llm-pretrain-0", "trainer", (uuid0,))])
             agent.wait_for("/metrics", "gpuscope_pod_resources_pods 1.0", timeout=15)
-            assert len(metrics_lines(agent.get("/metrics")[1], "gpu_pod_info")) == 1
+            # gpu_pod_info follows with the next snapshot (the sampler's tick after the refresh).
+            deadline = time.monotonic() + 10
+            while len(info := metrics_lines(agent.get("/metrics")[1], "gpu_pod_info")) != 1:
+                assert time.monotonic() < deadline, info
+                time.sleep(0.1)
 
             fake.stop()  # the kubelet restarts: attribution holds, the agent's own series says so
             body = agent.wait_for("/metrics", "gpuscope_pod_resources_up 0.0", timeout=15)
