@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ class GpuAllocations:
             found = self.by_index.get(index, ())
         return found
 
-    @property
+    @cached_property  # read by every scrape (gpuscope_pod_resources_pods); the answer never changes
     def pod_count(self) -> int:
         pods = {(c.namespace, c.pod) for group in (*self.by_uuid.values(), *self.by_index.values())
                 for c in group}

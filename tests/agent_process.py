@@ -93,3 +93,31 @@ def run_agent(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextmanager
+def run_ready_server(argv: list[str], base: str, log_path: Path, what: str,
+                     timeout: float = 60.0) -> Iterator[str]:
+    """Run a Prometheus-ecosystem server (``argv``, logging to ``log_path``) until the block ends,
+    once its ``base + "/-/ready"`` answers 200; yields ``base``."""
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if http_get(base + "/-/ready", timeout=1.0)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{what} did not start:\n{log_path.read_text()}")
+            time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

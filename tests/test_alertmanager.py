@@ -14,7 +14,6 @@ import logging
 import os
 import shutil
 import socket
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -22,10 +21,10 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
-from agent_process import free_port, http_get
+from agent_process import free_port, http_get, run_ready_server
 
 from gpuscope.alerts.alertmanager import (
     ENDS_AT_RESEND_INTERVALS,
@@ -66,33 +65,11 @@ def run_alertmanager(directory: Path, port: int, config_text: str = CONFIG) -> I
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "alertmanager.yml"
     config.write_text(config_text)
-    log_path = directory / "alertmanager.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.path={directory / 'data'}",
-             "--cluster.listen-address=", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=log,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if http_get(base + "/-/ready", timeout=1.0)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"alertmanager did not start:\n{log_path.read_text()}")
-            time.sleep(0.1)
+    argv = [binary, f"--config.file={config}", f"--storage.path={directory / 'data'}",
+            "--cluster.listen-address=", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    with run_ready_server(argv, f"http://127.0.0.1:{port}", directory / "alertmanager.log", "alertmanager",
+                          timeout=30) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -155,14 +132,20 @@ def active_alerts(base: str, alertname: str) -> list[dict[str, Any]]:
     return alerts
 
 
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T | None], what: str, timeout: float = 10.0,
+               diagnostics: Callable[[], str] = lambda: "") -> T:
+    """The first truthy result of ``predicate``, polled until ``timeout``; the failure names ``what``
+    and appends ``diagnostics()`` (e.g. the tails of the servers' logs)."""
     deadline = time.monotonic() + timeout
     while True:
         result = predicate()
         if result:
             return result
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{diagnostics()}")
         time.sleep(0.05)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_process import RunningAgent, free_port, http_get, run_agent
+from agent_process import RunningAgent, free_port, http_get, run_agent, run_ready_server
 
 pytestmark = pytest.mark.e2e
 
@@ -70,34 +70,12 @@ def run_prometheus(directory: Path, config_text: str) -> Iterator[Prometheus]:
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "prometheus.yml"
     config.write_text(config_text)
-    log_path = directory / "prometheus.log"
     port = free_port()
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={directory / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=log,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if http_get(base + "/-/ready", timeout=1.0)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"prometheus did not start:\n{log_path.read_text()}")
-            time.sleep(0.2)
+    argv = [binary, f"--config.file={config}", f"--storage.tsdb.path={directory / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    log_path = directory / "prometheus.log"
+    with run_ready_server(argv, f"http://127.0.0.1:{port}", log_path, "prometheus") as base:
         yield Prometheus(base)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def scrape_config(agent: RunningAgent) -> str:

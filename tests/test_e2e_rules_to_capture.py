@@ -18,16 +18,14 @@ Alertmanager; its record says ``trigger.kind: webhook``, which the engine's capt
 from __future__ import annotations
 
 import json
-import time
 import urllib.parse
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 from agent_process import free_port, http_get, run_agent
-from test_alertmanager import active_alerts, run_alertmanager
+from test_alertmanager import active_alerts, run_alertmanager, wait_until
 from test_capture_service import jax_job, scenario_for  # noqa: F401  (jax_job is a fixture)
 from test_capture_tsl import Workload
 from test_e2e_prometheus import Prometheus, run_prometheus
@@ -45,9 +43,6 @@ XID_CODE = 48  # double-bit ECC: not on the rule's list of application-caused Xi
 # agent within a second or two of its start, well before the Xid (checked below).
 XID_AT_S = 12
 DEADLINE_S = 45.0  # each hop below; the whole test takes about 25 s
-
-T = TypeVar("T")
-
 
 def scenario(pid: int) -> str:
     """scenario_for(pid) (the JAX job on GPU 1) with an Xid on GPU 1 soon after start."""
@@ -89,18 +84,6 @@ scrape_configs:
     static_configs:
       - targets: ['127.0.0.1:{agent_port}']
 """
-
-
-def wait_until(predicate: Callable[[], T | None], what: str, timeout: float = DEADLINE_S,
-               diagnostics: Callable[[], str] = lambda: "") -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{diagnostics()}")
-        time.sleep(0.2)
 
 
 def get_json(url: str) -> Any:
@@ -163,7 +146,7 @@ def test_shipped_rule_fires_and_alertmanager_webhook_captures_the_job(
 
         # 1. The shipped rule fires in Prometheus, with the scrape's target labels.
         (fired,) = wait_until(lambda: firing_in_prometheus(prometheus),
-                              f"{ALERT} to fire in Prometheus", diagnostics=logs)
+                              f"{ALERT} to fire in Prometheus", timeout=DEADLINE_S, diagnostics=logs)
         labels = fired["labels"]
         assert labels["instance"] == instance and labels["job"] == "gpuscope", labels
         assert labels["gpu"] == str(XID_GPU) and labels["xid"] == str(XID_CODE), labels
@@ -182,7 +165,7 @@ def test_shipped_rule_fires_and_alertmanager_webhook_captures_the_job(
 
         # 2. Prometheus sent it to Alertmanager, which holds it with the same labels.
         (held,) = wait_until(lambda: active_alerts(alertmanager, ALERT), f"{ALERT} in Alertmanager",
-                             diagnostics=logs)
+                             timeout=DEADLINE_S, diagnostics=logs)
         assert held["labels"] == labels, (held["labels"], labels)
         assert held["receivers"] == [{"name": "gpuscope"}]
         generator = urllib.parse.urlsplit(held["generatorURL"])  # Prometheus names it by hostname
@@ -191,7 +174,7 @@ def test_shipped_rule_fires_and_alertmanager_webhook_captures_the_job(
 
         # 3. Alertmanager's webhook reached the agent, which took and stored the capture.
         record_path = wait_until(lambda: next(store.glob("*/capture.json"), None),
-                                 "a capture in the agent's store", diagnostics=logs)
+                                 "a capture in the agent's store", timeout=DEADLINE_S, diagnostics=logs)
         record = record_from_bytes(record_path.read_bytes())
         assert record.trigger.kind == "webhook" and record.trigger.alertname == ALERT, record
         assert record.gpu == XID_GPU and pid in record.pids, record
