@@ -2,6 +2,6 @@
 
 import sys
 
-from gpuscope.cli import main
+from gpuscope.cli.main import main
 
 sys.exit(main())

@@ -25,12 +25,12 @@ from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.exporters.pods import PodResourcesCollector
 from gpuscope.exporters.prometheus import GpuscopeCollector
-from gpuscope.http_server import AgentHttpServer
-from gpuscope.nvml import Nvml
-from gpuscope.pods import PodAttribution
-from gpuscope.processes import ProcessInspector
+from gpuscope.host.pods import PodAttribution
+from gpuscope.host.processes import ProcessInspector
+from gpuscope.nvml.boundary import Nvml
 from gpuscope.sampler import Sampler
 from gpuscope.systemd_notify import SystemdNotifier
+from gpuscope.web.server import AgentHttpServer
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from gpuscope.alerts.alertmanager import alertmanager_endpoint
 from gpuscope.alerts.config import AlertingConfig
 from gpuscope.alerts.rules_config import validate_against_interval
 from gpuscope.capture.config import CaptureConfig
+from gpuscope.common.durations import Duration, format_duration
 from gpuscope.control.config import ControlConfig
-from gpuscope.durations import Duration, format_duration
 
 # Where the kubelet serves its pod-resources API (a Unix socket it re-creates when it restarts).
 KUBELET_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")

@@ -15,13 +15,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpuscope.clock_events import decode_clock_event_reasons
 from gpuscope.counters import RateIntegrator, ResetSafeCounter
+from gpuscope.host.processes import ProcessInspector
 from gpuscope.idle_dips import IdleDipCounter
-from gpuscope.nvml import DeviceReadings, GpuLostError, Nvml, NvmlDevice, NvmlUnavailable
-from gpuscope.processes import ProcessInspector
+from gpuscope.nvml.boundary import DeviceReadings, GpuLostError, Nvml, NvmlDevice, NvmlUnavailable
+from gpuscope.nvml.clock_events import decode_clock_event_reasons
+from gpuscope.nvml.xid import XidWatcher
 from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot, UtilizationSample
-from gpuscope.xid import XidWatcher
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 ProcessKind = Literal["compute", "graphics"]
 
@@ -116,3 +116,18 @@ class Snapshot:
             gpu["clock_event_reasons"] = None if reasons is None else sorted(reasons)
             gpu["xid_errors"] = {str(k): v for k, v in gpu["xid_errors"].items()}
         return data
+
+
+class SnapshotSource(Protocol):
+    """The sampler as every reader sees it: the latest snapshot and whether it is still ticking."""
+
+    @property
+    def interval_seconds(self) -> float: ...
+
+    def latest(self) -> Snapshot | None:
+        """The newest snapshot, or None before the first tick finished."""
+        ...
+
+    def is_alive(self) -> bool:
+        """True while the sampling thread runs (it may be stuck in a slow NVML call)."""
+        ...

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuscope.pods import PodAttribution
+from gpuscope.host.pods import PodAttribution
 from gpuscope.simulate.kubelet import DeviceAllocation, FakeKubelet
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from gpuscope.processes import ProcessInspector
+from gpuscope.host.processes import ProcessInspector
 
 
 def spawn_sleepers(count: int) -> list[subprocess.Popen[bytes]]:

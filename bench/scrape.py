@@ -36,8 +36,8 @@ from prometheus_client.openmetrics import exposition as openmetrics_exposition
 from prometheus_client.process_collector import ProcessCollector
 
 from gpuscope.exporters.prometheus import GpuscopeCollector
-from gpuscope.http_server import AgentHttpServer
 from gpuscope.snapshot import Snapshot
+from gpuscope.web.server import AgentHttpServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from snapshots import make_gpus, make_snapshot  # the test builders (tests/ is not a package)

@@ -49,8 +49,8 @@ import pynvml
 
 import gpuscope
 import gpuscope.simulate
-from gpuscope.nvml import Nvml
-from gpuscope.processes import ProcessInspector
+from gpuscope.host.processes import ProcessInspector
+from gpuscope.nvml.boundary import Nvml
 from gpuscope.sampler import Sampler
 from gpuscope.simulate import Simulation, load_scenario
 

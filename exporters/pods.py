@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuscope.pods import PodResourcesStatus
+from gpuscope.host.pods import PodResourcesStatus
 
 
 class PodResourcesCollector(Collector):

@@ -14,7 +14,7 @@ from typing import NamedTuple
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuscope.clock_events import CLOCK_EVENT_REASONS
+from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
 from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot
 from gpuscope.version import __version__
 

@@ -21,8 +21,8 @@ import pytest
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.model import Transition
 from gpuscope.alerts.rules_config import RulesConfig, build_rules
-from gpuscope.nvml import Nvml
-from gpuscope.processes import ProcessInspector
+from gpuscope.host.processes import ProcessInspector
+from gpuscope.nvml.boundary import Nvml
 from gpuscope.sampler import Sampler
 from gpuscope.simulate import Simulation, load_scenario
 

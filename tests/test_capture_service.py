@@ -24,8 +24,8 @@ from gpuscope.capture.store import CaptureStore
 from gpuscope.capture.targets import TargetResolver
 from gpuscope.capture.tsl import TslProfilerBackend
 from gpuscope.generated.tsl import xplane_pb2
-from gpuscope.nvml import Nvml
-from gpuscope.processes import ProcessInspector
+from gpuscope.host.processes import ProcessInspector
+from gpuscope.nvml.boundary import Nvml
 from gpuscope.sampler import Sampler
 from gpuscope.simulate import Simulation
 from gpuscope.simulate.loader import parse_scenario

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.cgroup import container_id_from_cgroup, read_container_id
+from gpuscope.host.cgroup import container_id_from_cgroup, read_container_id
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
 

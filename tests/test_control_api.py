@@ -41,8 +41,8 @@ from gpuscope.control.config import ControlConfig
 from gpuscope.control.server import CHUNK_BYTES, ControlServer, ControlServerError
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
 from gpuscope.generated.tsl import xplane_pb2
-from gpuscope.nvml import Nvml
-from gpuscope.processes import ProcessInspector
+from gpuscope.host.processes import ProcessInspector
+from gpuscope.nvml.boundary import Nvml
 from gpuscope.sampler import Sampler
 from gpuscope.simulate import Simulation
 from gpuscope.simulate.loader import parse_scenario

@@ -28,7 +28,7 @@ import yaml
 from agent_process import run_agent
 from test_e2e_prometheus import run_prometheus
 
-from gpuscope.cli import build_parser
+from gpuscope.cli.main import build_parser
 from gpuscope.config import load_settings
 from gpuscope.version import __version__
 

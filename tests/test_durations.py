@@ -1,6 +1,6 @@
 import pytest
 
-from gpuscope.durations import format_duration, parse_duration
+from gpuscope.common.durations import format_duration, parse_duration
 
 
 @pytest.mark.parametrize(

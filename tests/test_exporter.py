@@ -36,10 +36,10 @@ from snapshots import (
 
 from gpuscope.alerts.model import Alert, AlertState, Severity, TransitionState
 from gpuscope.capture.model import Outcome, TriggerKind
-from gpuscope.clock_events import CLOCK_EVENT_REASONS
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.exporters.prometheus import CMDLINE_MAX_CHARS, GpuscopeCollector
+from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
 from gpuscope.snapshot import GpuReading, PodContainer, Snapshot
 from gpuscope.version import __version__
 

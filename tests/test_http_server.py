@@ -22,9 +22,9 @@ from snapshots import make_full_snapshot, make_snapshot
 
 from gpuscope.alerts.model import Alert, AlertState, TransitionState
 from gpuscope.exporters.prometheus import GpuscopeCollector
-from gpuscope.http_server import AgentHttpServer, ListenError, parse_listen_address
 from gpuscope.snapshot import Snapshot
 from gpuscope.version import __version__
+from gpuscope.web.server import AgentHttpServer, ListenError, parse_listen_address
 
 TIMEOUT = 5.0
 NOW = 5000.0  # the fake monotonic clock; snapshots are stamped relative to it

@@ -18,8 +18,8 @@ from test_exporter import CATALOGUE, CatalogueRow, _exposed_name, catalogue_sect
 from gpuscope.config import ConfigError, load_settings
 from gpuscope.exporters.pods import PodResourcesCollector
 from gpuscope.generated.kubelet.v1 import podresources_pb2 as pb
-from gpuscope.kubelet import KubeletError, PodResourcesClient, gpu_allocations
-from gpuscope.pods import PodAttribution
+from gpuscope.host.kubelet import KubeletError, PodResourcesClient, gpu_allocations
+from gpuscope.host.pods import PodAttribution
 from gpuscope.simulate.kubelet import DeviceAllocation, FakeKubelet
 from gpuscope.snapshot import PodContainer
 
@@ -184,7 +184,7 @@ def test_a_long_outage_drops_the_last_answer(kubelet: FakeKubelet) -> None:
 
 
 def test_no_kubelet_socket_is_harmless_and_quiet(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="gpuscope.pods")
+    caplog.set_level(logging.INFO, logger="gpuscope.host.pods")
     pods = attribution(tmp_path / "kubelet.sock", ManualClock())
     pods.start()
     pods.refresh()
@@ -192,7 +192,7 @@ def test_no_kubelet_socket_is_harmless_and_quiet(tmp_path: Path, caplog: pytest.
     assert pods.pods_for(UUID0, 0) == ()
     assert pods.status().seen is False and pods.status().failures_total == 0
     assert list(PodResourcesCollector(pods.status).collect()) == []  # no permanent "down" series
-    assert [r.levelname for r in caplog.records if r.name == "gpuscope.pods"] == ["INFO"]
+    assert [r.levelname for r in caplog.records if r.name == "gpuscope.host.pods"] == ["INFO"]
 
 
 def test_start_asks_at_once_then_refreshes_on_its_thread(kubelet: FakeKubelet) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuscope.cgroup import read_container_id
-from gpuscope.processes import (
+from gpuscope.host.cgroup import read_container_id
+from gpuscope.host.processes import (
     PROC_PID_INIT_INO,
     HostProcess,
     ProcessInspector,
@@ -280,7 +280,7 @@ def test_outside_the_host_pid_namespace_everything_is_invisible(
     children: Children, caplog: pytest.LogCaptureFixture
 ) -> None:
     child = children.sleep()
-    caplog.set_level(logging.DEBUG, logger="gpuscope.processes")
+    caplog.set_level(logging.DEBUG, logger="gpuscope.host.processes")
     with ProcessInspector(host_pid_namespace=False) as inspector:
         assert not inspector.host_pid_namespace
         for _ in range(3):
@@ -370,7 +370,7 @@ def fake_inspector(factory: Callable[[int], object], **kwargs: object) -> Proces
 
 
 def test_denied_user_keeps_the_rest(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="gpuscope.processes")
+    caplog.set_level(logging.DEBUG, logger="gpuscope.host.processes")
     factory = CountingFactory(username=psutil.AccessDenied(os.getpid()))
     with fake_inspector(factory, include_cmdline=True) as inspector:
         for _ in range(5):

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gpuscope.alerts.rules_config import RulesConfig
-from gpuscope.durations import parse_duration
+from gpuscope.common.durations import parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "gpuscope-rules.yml"

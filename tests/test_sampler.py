@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuscope.nvml import Nvml
-from gpuscope.processes import ProcessInspector
+from gpuscope.host.processes import ProcessInspector
+from gpuscope.nvml.boundary import Nvml
 from gpuscope.sampler import Sampler
 from gpuscope.simulate import Simulation, load_scenario
 from gpuscope.simulate.loader import parse_scenario

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuscope.alerts.rules_config import RulesConfig
-from gpuscope.durations import Duration
+from gpuscope.common.durations import Duration
 
 
 class _Section(BaseModel):

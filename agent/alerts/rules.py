@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from gpuscope.alerts.history import MIN_COVERAGE, NodeHistory, Window
 from gpuscope.alerts.model import Condition, Severity
-from gpuscope.durations import format_duration
+from gpuscope.common.durations import format_duration
 
 BUSY_FRACTION = 0.8  # a window "has a job" when a compute process ran during this much of it
 _LAGGARD = {"laggard": "true"}

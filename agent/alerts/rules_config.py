@@ -30,8 +30,8 @@ from gpuscope.alerts.rules import (
     UtilizationSkew,
     XidError,
 )
-from gpuscope.clock_events import CLOCK_EVENT_REASONS
-from gpuscope.durations import format_duration, parse_duration
+from gpuscope.common.durations import format_duration, parse_duration
+from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
 
 MAX_WINDOW_SECONDS = 3600.0  # bounds the history kept per GPU
 MAX_WINDOW_POINTS = 7200  # ... and at a short sample interval, the points per window

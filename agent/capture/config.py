@@ -32,7 +32,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from gpuscope.alerts.rules import RULE_TYPES
-from gpuscope.durations import Duration, format_duration
+from gpuscope.common.durations import Duration, format_duration
 from gpuscope.simulate.units import parse_size
 
 Size = Annotated[int, BeforeValidator(parse_size)]

@@ -34,7 +34,7 @@ from typing import Literal
 
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.model import Trigger
-from gpuscope.durations import format_duration
+from gpuscope.common.durations import format_duration
 
 BUDGET_WINDOW_SECONDS = 3600.0
 # disabled, rule, duration, busy, cooldown, budget: why a capture was refused; None when allowed.

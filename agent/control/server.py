@@ -47,6 +47,7 @@ from gpuscope.capture.records import CaptureIdError
 from gpuscope.capture.service import CaptureRequest, CaptureService
 from gpuscope.capture.store import CaptureNotFoundError, CaptureStore, CaptureStoreError, new_capture_id
 from gpuscope.capture.tsl import parse_address as parse_profiler_address
+from gpuscope.common.durations import format_duration
 from gpuscope.control.config import (
     MAX_SOCKET_PATH_BYTES,
     ControlConfig,
@@ -54,7 +55,6 @@ from gpuscope.control.config import (
     grpc_address,
     parse_listen_address,
 )
-from gpuscope.durations import format_duration
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
 from gpuscope.snapshot import Snapshot
 

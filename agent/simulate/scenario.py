@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpuscope.clock_events import CLOCK_EVENT_REASONS
-from gpuscope.durations import Duration
+from gpuscope.common.durations import Duration
+from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
 from gpuscope.simulate.patterns import Pattern, SteadyPattern
 from gpuscope.simulate.units import Fraction, OptionalDuration, PositiveDuration, Size
 

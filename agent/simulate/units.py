@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BeforeValidator
 
-from gpuscope.durations import parse_duration
+from gpuscope.common.durations import parse_duration
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?B|B)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "b": 1}

@@ -34,7 +34,7 @@ from typing import TypeVar
 
 import psutil
 
-from gpuscope.cgroup import read_container_id
+from gpuscope.host.cgroup import read_container_id
 
 _log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ import grpc
 from gpuscope.capture.config import MAX_DURATION_SECONDS
 from gpuscope.capture.records import CaptureIdError, check_capture_id
 from gpuscope.capture.store import format_size
+from gpuscope.common.durations import format_duration, parse_duration
 from gpuscope.control.client import ControlClient, ControlError
 from gpuscope.control.config import DEFAULT_SOCKET
-from gpuscope.durations import format_duration, parse_duration
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 DEFAULT_LEAD_S = 2.0  # a fleet capture starts this long after the command: time to reach every agent

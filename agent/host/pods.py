@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from gpuscope.kubelet import GpuAllocations, KubeletError, PodResourcesClient
+from gpuscope.host.kubelet import GpuAllocations, KubeletError, PodResourcesClient
 from gpuscope.snapshot import PodContainer
 
 log = logging.getLogger(__name__)

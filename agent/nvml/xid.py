@@ -6,7 +6,7 @@ import logging
 import threading
 from typing import Any
 
-from gpuscope.nvml import Nvml, NvmlDevice, NvmlUnavailable
+from gpuscope.nvml.boundary import Nvml, NvmlDevice, NvmlUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from prometheus_client.exposition import gzip_accepted
 
 from gpuscope.alerts.model import AlertSource
 from gpuscope.exporters.exposition import negotiate, restrict_families
-from gpuscope.status import SnapshotSource
+from gpuscope.snapshot import SnapshotSource
 from gpuscope.version import __version__
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from gpuscope.ctypes_layout import element_format, fields, layout, unpack, unpack_array
+from gpuscope.nvml.ctypes_layout import element_format, fields, layout, unpack, unpack_array
 
 log = logging.getLogger(__name__)
 

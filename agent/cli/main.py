@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuscope.common.durations import parse_duration
 from gpuscope.config import ConfigError, Settings, load_settings
-from gpuscope.durations import parse_duration
 from gpuscope.snapshot import Snapshot
 from gpuscope.version import __version__
 
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", type=Path)
 
     sub.add_parser("scenarios", help="List the bundled simulation scenarios.")
-    from gpuscope.cli_capture import add_capture_commands
+    from gpuscope.cli.capture import add_capture_commands
 
     add_capture_commands(sub)
     return parser
@@ -88,7 +88,7 @@ def _setup_logging(level: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("capture", "captures"):
-        from gpuscope.cli_capture import run_capture_command
+        from gpuscope.cli.capture import run_capture_command
 
         return run_capture_command(args)
     if args.command == "config":
@@ -142,8 +142,8 @@ def _run(settings: Settings) -> int:
 
 
 def _snapshot(settings: Settings, *, as_json: bool) -> int:
-    from gpuscope.nvml import Nvml
-    from gpuscope.processes import ProcessInspector
+    from gpuscope.host.processes import ProcessInspector
+    from gpuscope.nvml.boundary import Nvml
     from gpuscope.sampler import Sampler
     from gpuscope.simulate import ScenarioError, Simulation, load_scenario
 

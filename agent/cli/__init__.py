@@ -1,0 +1,1 @@
+"""The ``gpuscope`` command line, one module per command group."""
