@@ -7,75 +7,58 @@ Unknown keys are refused with their path, so a typo never silently falls back to
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gpuscope.alerts.alertmanager import alertmanager_endpoint
 from gpuscope.alerts.config import AlertingConfig
 from gpuscope.alerts.rules_config import validate_against_interval
 from gpuscope.capture.config import CaptureConfig
-from gpuscope.common.durations import Duration, format_duration
+from gpuscope.common.config_types import (
+    ConfigError,
+    Duration,
+    ListenAddress,
+    Section,
+    UnixSocketPath,
+    format_errors,
+)
+from gpuscope.common.durations import format_duration
 from gpuscope.control.config import ControlConfig
 
 # Where the kubelet serves its pod-resources API (a Unix socket it re-creates when it restarts).
 KUBELET_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-MAX_UNIX_SOCKET_PATH_BYTES = 107  # sun_path holds 108 bytes, the last one a NUL
 
 
-class ConfigError(Exception):
-    """A configuration that cannot be used; ``problems`` holds one "key.path: reason" per line."""
-
-    def __init__(self, source: str, problems: list[str]) -> None:
-        self.source = source
-        self.problems = problems
-        super().__init__(f"invalid configuration in {source}:\n" + "\n".join(f"  {p}" for p in problems))
+class WebConfig(Section):
+    listen_address: ListenAddress = Field(":9847", description="HTTP address: host:port, :port or [v6]:port.")
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class WebConfig(_Section):
-    listen_address: str = Field(":9847", description="HTTP address: host:port, :port or [v6]:port.")
-
-
-class ProcessesConfig(_Section):
+class ProcessesConfig(Section):
     cmdline: bool = Field(False, description="Export full command lines (may contain secrets).")
 
 
-class IdleDipsConfig(_Section):
+class IdleDipsConfig(Section):
     threshold: float = Field(0.25, gt=0.0, lt=1.0, description="A driver sample below this is idle.")
-    max_duration: Duration = Field(5.0, gt=0.0, description="Longer idle runs are idle periods, not dips.")
+    max_duration: Duration = Field(5.0, gt=0.0, le=3600.0,
+                                   description="Longer idle runs are idle periods, not dips.")
 
 
-class NvmlConfig(_Section):
-    retry_initial: Duration = Field(1.0, gt=0.0, description="First retry delay when NVML is unavailable.")
-    retry_max: Duration = Field(60.0, gt=0.0, description="Retry back-off ceiling.")
+class NvmlConfig(Section):
+    retry_initial: Duration = Field(1.0, gt=0.0, le=3600.0,
+                                    description="First retry delay when NVML is unavailable.")
+    retry_max: Duration = Field(60.0, gt=0.0, le=3600.0, description="Retry back-off ceiling.")
 
 
-def _unix_socket_path(path: Path) -> Path:
-    """An absolute path that fits a Unix socket address. (The messages leave out the value: the
-    error report adds it.)"""
-    text = str(path)
-    if "\x00" in text:
-        raise ValueError("a path must not contain a NUL character")
-    if not path.is_absolute():
-        raise ValueError("must be an absolute path")
-    if len(text.encode()) > MAX_UNIX_SOCKET_PATH_BYTES:
-        raise ValueError(f"must be at most {MAX_UNIX_SOCKET_PATH_BYTES} bytes long (a Unix socket address)")
-    return path
-
-
-class PodsConfig(_Section):
+class PodsConfig(Section):
     enabled: bool = Field(True, description="Ask the kubelet which pod each GPU is allocated to.")
-    socket: Annotated[Path, AfterValidator(_unix_socket_path)] = Field(
-        KUBELET_POD_RESOURCES_SOCKET, description="The kubelet's pod-resources socket.")
+    socket: UnixSocketPath = Field(KUBELET_POD_RESOURCES_SOCKET,
+                                   description="The kubelet's pod-resources socket.")
     refresh_interval: Duration = Field(10.0, ge=1.0, le=3600.0, description="Time between kubelet queries.")
     timeout: Duration = Field(2.0, gt=0.0, le=60.0, description="Deadline of one kubelet query.")
-    keep_for: Duration = Field(300.0, ge=0.0, description=(
+    keep_for: Duration = Field(300.0, ge=0.0, le=86400.0, description=(
         "How long the last answer stays in use while the kubelet cannot be asked (a kubelet restart)."))
 
 
@@ -168,21 +151,6 @@ def _cross_field_problems(settings: Settings) -> list[str]:
         problems.append("alerting.alertmanager.resend_interval: must be at least the sample interval "
                         f"({format_duration(settings.sample_interval)})")
     return problems
-
-
-def format_errors(err: ValidationError) -> list[str]:
-    """pydantic errors as "key.path: reason" lines a person can act on."""
-    lines = []
-    for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        if e["type"] == "extra_forbidden":
-            reason = "unknown key"
-        else:
-            reason = e["msg"]
-            if "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], dict):
-                reason += f" (got {e['input']!r})"
-        lines.append(f"{path}: {reason}")
-    return lines
 
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

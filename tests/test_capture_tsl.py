@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from gpuscope.capture.model import BackendResult, CaptureTarget
-from gpuscope.capture.tsl import TslProfilerBackend, parse_address, safe_name
+from gpuscope.capture.tsl import TslProfilerBackend, parse_target, safe_name
 from gpuscope.generated.tsl import profiler_service_pb2, xplane_pb2
 
 WORKLOAD = Path(__file__).resolve().parent / "workloads" / "jax_workload.py"
@@ -377,8 +377,8 @@ def test_a_staging_directory_that_cannot_be_written_is_a_failure(scripted: tuple
     ("grpc://10.0.0.7:6009", "10.0.0.7", 6009, "10.0.0.7:6009"),
 ])
 def test_addresses(text: str, host: str, port: int, target: str) -> None:
-    address = parse_address(text)
-    assert (address.host, address.port, address.grpc_target) == (host, port, target)
+    address = parse_target(text)
+    assert (address.host, address.port, str(address)) == (host, port, target)
 
 
 @pytest.mark.parametrize("text", [
@@ -389,7 +389,7 @@ def test_addresses(text: str, host: str, port: int, target: str) -> None:
 ])
 def test_bad_addresses(text: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError):
-        parse_address(text)
+        parse_target(text)
     result = capture(text, 0.1, tmp_path)  # never raises
     assert result.outcome == "failed" and result.error
 

@@ -123,3 +123,22 @@ def test_bad_listen_address_is_refused(address: str) -> None:
     assert result.returncode == 2, result.stderr
     assert address in result.stderr and "Traceback" not in result.stderr
 
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # A port out of range: refused by `config check`, not first by `run`.
+    ('web:\n  listen_address: ":99999"\n',
+     "web.listen_address: invalid address ':99999': the port must be a number from 0 to 65535"),
+    # The bad value is named once.
+    ("sample_interval: fast\n",
+     "sample_interval: expected a duration such as 1.5, '500ms' or '2m', got 'fast'"),
+    # A duration no timer can wait for is refused here, not by the thread that would wait.
+    ("alerting:\n  alertmanager:\n    resend_interval: 1e12\n",
+     "alerting.alertmanager.resend_interval: Input should be less than or equal to 86400 "
+     "(got 1000000000000.0)"),
+])
+def test_config_check_refuses_with_the_key_path(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_text(text)
+    result = gpuscope("config", "check", str(path))
+    assert result.returncode == 2, result.stdout
+    assert result.stderr.splitlines()[1:] == [f"  {expected}"], result.stderr

@@ -1,8 +1,14 @@
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
-from gpuscope.config import ConfigError, load_settings
+from gpuscope.common.config_types import ConfigError
+from gpuscope.common.durations import parse_duration
+from gpuscope.common.sizes import parse_size
+from gpuscope.config import Settings, load_settings
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -98,3 +104,39 @@ def test_alerting_problems_are_named(tmp_path: Path) -> None:
     bad_url = write(tmp_path, "alerting:\n  alertmanager:\n    url: ftp://am:9093\n")
     with pytest.raises(ConfigError, match=r"alerting\.alertmanager\.url"):
         load_settings(bad_url)
+
+
+def _bounded_fields(model: type[BaseModel], path: str = "") -> Iterator[tuple[str, str]]:
+    """(key path, "duration" | "size") of every Duration and ByteSize field, sections included."""
+    for name, field in model.model_fields.items():
+        key = f"{path}{field.alias or name}"
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from _bounded_fields(annotation, key + ".")
+            continue
+        validators = {getattr(m, "func", None) for m in field.metadata}
+        if parse_duration in validators:
+            yield key, "duration"
+        elif parse_size in validators:
+            yield key, "size"
+
+
+def _nested(key: str, value: object) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    node = out
+    *sections, last = key.split(".")
+    for section in sections:
+        node = node.setdefault(section, {})
+    node[last] = value
+    return out
+
+
+def test_every_duration_and_size_is_range_checked() -> None:
+    """A value no timer or file system could use is refused where it is read, with its key path."""
+    fields = list(_bounded_fields(Settings))
+    assert len(fields) >= 35 and ("alerting.alertmanager.resend_interval", "duration") in fields
+    for key, kind in fields:
+        huge = 1e12 if kind == "duration" else 2**60
+        with pytest.raises(ConfigError) as caught:
+            load_settings(overrides=_nested(key, huge))
+        assert any(p.startswith(f"{key}: ") for p in caught.value.problems), (key, caught.value.problems)

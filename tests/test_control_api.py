@@ -247,7 +247,7 @@ def test_config_defaults_and_refusals() -> None:
         "listen_address is not": {"tcp": {"token_file": "/t"}},
         "world-writable": {"socket_mode": "0666"},
         "absolute path": {"socket": "run/control.sock"},
-        "longer than 107": {"socket": "/" + "x" * 120},
+        "at most 107 bytes": {"socket": "/" + "x" * 120},
         "octal": {"socket_mode": "abc"},
         "port": {"tcp": {"listen_address": "host:99999", "tls_cert_file": "/c", "tls_key_file": "/k",
                          "token_file": "/t"}},
@@ -384,7 +384,7 @@ def test_invalid_requests_are_invalid_argument_and_capture_nothing(tmp_path: Pat
                 "GPU index": agent_pb2.CaptureRequest(gpu=-1),
                 "process id": agent_pb2.CaptureRequest(pid=0),
                 "not supported": agent_pb2.CaptureRequest(target="unix:/var/run/x:1"),
-                "not host:port": agent_pb2.CaptureRequest(target="nowhere"),
+                "no port": agent_pb2.CaptureRequest(target="nowhere"),
             }
             for expected, request in bad.items():
                 err = rpc_error(lambda request=request: stub.Capture(request, timeout=10))

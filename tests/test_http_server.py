@@ -24,7 +24,7 @@ from gpuscope.alerts.model import Alert, AlertState, TransitionState
 from gpuscope.exporters.prometheus import GpuscopeCollector
 from gpuscope.snapshot import Snapshot
 from gpuscope.version import __version__
-from gpuscope.web.server import AgentHttpServer, ListenError, parse_listen_address
+from gpuscope.web.server import AgentHttpServer, ListenError
 
 TIMEOUT = 5.0
 NOW = 5000.0  # the fake monotonic clock; snapshots are stamped relative to it
@@ -355,30 +355,6 @@ def test_requests_are_not_logged_to_stderr(agent: Agent, capfd: pytest.CaptureFi
 
 
 # -- listening ---------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("value", "expected"), [
-    (":9847", ("", 9847)),
-    ("127.0.0.1:0", ("127.0.0.1", 0)),
-    ("[::1]:9847", ("::1", 9847)),
-    ("[fe80::1%eth0]:80", ("fe80::1%eth0", 80)),
-    ("localhost:9847", ("localhost", 9847)),
-    ("gpu-node-07.example.org:65535", ("gpu-node-07.example.org", 65535)),
-    ("0.0.0.0:9847", ("0.0.0.0", 9847)),
-])
-def test_parse_listen_address(value: str, expected: tuple[str, int]) -> None:
-    assert parse_listen_address(value) == expected
-
-
-@pytest.mark.parametrize("value", [
-    "", "9847", ":", "localhost:", "localhost", ":http", ":-1", ":65536", ":99999999", ":+80", ": 80",
-    "::1:9847", "[::1]", "[::1]9847", "[::1:9847", "[127.0.0.1]:80", "[]:80", "[nothost]:80",
-    "host name:80", "http://localhost:9847", "localhost:9847/metrics", ":٣",
-])
-def test_bad_listen_address_is_a_value_error_naming_it(value: str) -> None:
-    with pytest.raises(ValueError, match="invalid listen address") as excinfo:
-        parse_listen_address(value)
-    assert repr(value) in str(excinfo.value)
 
 
 def test_bad_listen_address_rejected_by_the_constructor() -> None:

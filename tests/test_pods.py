@@ -15,7 +15,8 @@ from agent_process import run_agent
 from prometheus_client import CollectorRegistry, generate_latest
 from test_exporter import CATALOGUE, CatalogueRow, _exposed_name, catalogue_section, parse_catalogue
 
-from gpuscope.config import ConfigError, load_settings
+from gpuscope.common.config_types import ConfigError
+from gpuscope.config import load_settings
 from gpuscope.exporters.pods import PodResourcesCollector
 from gpuscope.generated.kubelet.v1 import podresources_pb2 as pb
 from gpuscope.host.kubelet import KubeletError, PodResourcesClient, gpu_allocations
@@ -231,9 +232,9 @@ def test_pod_resources_collector_renders_exactly_its_catalogue_rows(kubelet: Fak
 
 
 @pytest.mark.parametrize(("overrides", "problem"), [
-    ({"socket": "pod-resources/kubelet.sock"}, "pods.socket: Value error, must be an absolute path"),
-    ({"socket": "/run/a\x00b"}, "pods.socket: Value error, a path must not contain a NUL character"),
-    ({"socket": "/" + "k" * 107}, "pods.socket: Value error, must be at most 107 bytes long"),
+    ({"socket": "pod-resources/kubelet.sock"}, "pods.socket: must be an absolute path"),
+    ({"socket": "/run/a\x00b"}, "pods.socket: a path must not contain a NUL character"),
+    ({"socket": "/" + "k" * 107}, "pods.socket: must be at most 107 bytes long"),
     ({"refresh_interval": "100ms"}, "pods.refresh_interval: Input should be greater than or equal to 1"),
     ({"timeout": "0s"}, "pods.timeout: Input should be greater than 0"),
     ({"keep_for": "soon"}, "pods.keep_for:"),

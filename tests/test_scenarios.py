@@ -15,10 +15,10 @@ import psutil
 import pynvml
 import pytest
 
+from gpuscope.common.sizes import parse_size
 from gpuscope.simulate import ScenarioError, Simulation, bundled_scenarios, load_scenario
 from gpuscope.simulate.loader import parse_scenario
 from gpuscope.simulate.patterns import RampPattern, StepsPattern, noise_stream, noise_unit
-from gpuscope.simulate.units import parse_size
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "scenarios.md"
 BUNDLED = {"demo": 4, "healthy": 4, "input-bound": 4, "shared-gpu": 4, "skew": 4, "gpu-lost": 4,
@@ -278,9 +278,9 @@ def test_several_problems_one_line_each() -> None:
     with pytest.raises(ScenarioError) as caught:
         parse_scenario("seed: x\ngpus: [{typo: 1}]", source="f.yaml")
     assert caught.value.problems == [
-        "seed: Input should be a valid integer, unable to parse string as an integer",
-        "gpus[0].typo: unknown key (typo?)"]
-    assert str(caught.value).splitlines()[1] == "f.yaml: gpus[0].typo: unknown key (typo?)"
+        "seed: Input should be a valid integer, unable to parse string as an integer (got 'x')",
+        "gpus[0].typo: unknown key"]
+    assert str(caught.value).splitlines()[1] == "f.yaml: gpus[0].typo: unknown key"
 
 
 # -------------------------------------------------------------------- value formats and patterns

@@ -19,7 +19,6 @@ timeout, 5xx) is retried with exponential back-off; a 4xx answer (the payload wa
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import json
 import logging
 import math
@@ -35,6 +34,7 @@ from typing import Any
 
 from gpuscope.alerts.config import AlertmanagerConfig
 from gpuscope.alerts.model import Alert, AlertSource, Transition
+from gpuscope.common.addresses import format_host_port
 
 logger = logging.getLogger(__name__)
 
@@ -91,15 +91,7 @@ def alertmanager_endpoint(url: str | None) -> str:
 def instance_label(host: str, port: int, hostname: str) -> str:
     """The ``instance`` label for the agent listening on (host, port): ``host:port`` as Prometheus
     would scrape it; a wildcard or empty host (all interfaces) becomes the node's ``hostname``."""
-    if host in ("", "0.0.0.0", "::"):
-        host = hostname
-    else:
-        try:
-            if ipaddress.ip_address(host.split("%")[0]).version == 6:
-                host = f"[{host}]"
-        except ValueError:
-            pass  # a host name
-    return f"{host}:{port}"
+    return format_host_port(hostname if host in ("", "0.0.0.0", "::") else host, port)
 
 
 class AlertmanagerNotifier:

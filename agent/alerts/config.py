@@ -2,29 +2,27 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gpuscope.alerts.rules_config import RulesConfig
-from gpuscope.common.durations import Duration
+from gpuscope.common.config_types import ByteSize, Duration, Section
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EventLogConfig(_Section):
+class EventLogConfig(Section):
     path: str | None = Field(None, description="JSON-lines file of alert transitions; none: no event log.")
-    max_bytes: int = Field(10 * 2**20, ge=4096, description="Rotate when the file reaches this size.")
+    max_bytes: ByteSize = Field(10 * 2**20, ge=4096, le=2**40,
+                                description="Rotate when the file reaches this size (e.g. 10MiB).")
     backups: int = Field(3, ge=0, le=100, description="Rotated files kept (path.1 ... path.N).")
 
 
-class AlertmanagerConfig(_Section):
+class AlertmanagerConfig(Section):
     url: str | None = Field(None, description="Alertmanager base URL, e.g. http://alertmanager:9093.")
-    resend_interval: Duration = Field(60.0, gt=0.0, description="Firing alerts are re-sent this often.")
+    resend_interval: Duration = Field(60.0, gt=0.0, le=86400.0,
+                                      description="Firing alerts are re-sent this often.")
     timeout: Duration = Field(5.0, gt=0.0, le=60.0, description="HTTP timeout of one push.")
 
 
-class AlertingConfig(_Section):
+class AlertingConfig(Section):
     enabled: bool = True
     rules: RulesConfig = RulesConfig()
     event_log: EventLogConfig = EventLogConfig()

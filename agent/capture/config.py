@@ -24,18 +24,15 @@ show); ``rules`` overrides it per rule and refuses names that are not alert rule
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from gpuscope.alerts.rules import RULE_TYPES
-from gpuscope.common.durations import Duration, format_duration
-from gpuscope.simulate.units import parse_size
-
-Size = Annotated[int, BeforeValidator(parse_size)]
+from gpuscope.common.config_types import ByteSize, Duration, PeerAddress, Section
+from gpuscope.common.durations import format_duration
 
 MAX_DURATION_SECONDS = 30.0  # the longest capture anyone may ask for (a trace of 30 s is already large)
 MIN_QUOTA_BYTES = 2**20
@@ -55,35 +52,6 @@ DEFAULT_RULE_CAPTURE: Mapping[str, bool] = {
     "GpuXidError": False,
 }
 assert set(DEFAULT_RULE_CAPTURE) == set(RULE_TYPES), "DEFAULT_RULE_CAPTURE must name every alert rule"
-
-
-def parse_address(value: str) -> tuple[str, int]:
-    """(host, port) of "host:port", "1.2.3.4:port" or "[v6]:port"; ValueError says what is wrong."""
-    text = value.strip()
-    if text.startswith("["):
-        host, sep, port_text = text[1:].partition("]:")
-        if not sep:
-            raise ValueError(f"expected [v6-address]:port, got {value!r}")
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"{host!r} is not an IPv6 address (in {value!r})") from None
-    else:
-        host, sep, port_text = text.rpartition(":")
-        if not sep or not host:
-            raise ValueError(f"expected host:port, got {value!r}")
-        if ":" in host:
-            raise ValueError(f"write an IPv6 address in brackets, [addr]:port, got {value!r}")
-        if not all(c.isascii() and (c.isalnum() or c in "-._") for c in host):
-            raise ValueError(f"{host!r} is not a host name or address (in {value!r})")
-    if not port_text.isascii() or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-        raise ValueError(f"the port must be a number from 1 to 65535, got {port_text!r} (in {value!r})")
-    return host, int(port_text)
-
-
-def _address(value: str) -> str:
-    parse_address(value)
-    return value.strip()
 
 
 def _port(value: int) -> int:
@@ -129,22 +97,18 @@ def _known_rules(rules: dict[str, bool]) -> dict[str, bool]:
     return rules
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class StoreConfig(_Section):
+class StoreConfig(Section):
     root: Path = Field(Path("/var/lib/gpuscope/captures"),
                        description="Directory of the capture store (one sub-directory per capture).")
-    quota_bytes: Size = Field(2 * 2**30, ge=MIN_QUOTA_BYTES,
+    quota_bytes: ByteSize = Field(2 * 2**30, ge=MIN_QUOTA_BYTES,
                               description="Disk space the captures may use; the oldest are evicted first. "
                                           "Sizes such as 2GiB or 500MB are accepted.")
 
 
-class StaticTarget(_Section):
+class StaticTarget(Section):
     """A ProfilerService (TensorFlow/JAX) the agent cannot discover, named with what it profiles."""
 
-    address: Annotated[str, AfterValidator(_address)] = Field(
+    address: PeerAddress = Field(
         description="host:port of the ProfilerService (gRPC), e.g. 10.0.0.7:6009 or [fd00::7]:6009.")
     gpu: int | None = Field(None, ge=0, description="Profile this target for alerts on this GPU index.")
     uuid: str | None = Field(None, min_length=1, description="... or on the GPU with this UUID.")
@@ -162,7 +126,7 @@ class StaticTarget(_Section):
         return self
 
 
-class KinetoConfig(_Section):
+class KinetoConfig(Section):
     """The agent's Kineto on-demand daemon (PyTorch jobs started with KINETO_USE_DAEMON=1)."""
 
     trace_dir: Annotated[Path, AfterValidator(_plain_absolute)] | None = Field(
@@ -187,15 +151,16 @@ class KinetoConfig(_Section):
         return self
 
 
-class CaptureConfig(_Section):
+class CaptureConfig(Section):
     enabled: bool = Field(True, description="Take captures at all (alert, webhook and user triggers).")
     store: StoreConfig = StoreConfig()
     duration: Duration = Field(2.0, gt=0.0, description="Length of an alert-triggered capture; also the "
                                                         "default of a user request that names none.")
     max_duration: Duration = Field(MAX_DURATION_SECONDS, gt=0.0, le=MAX_DURATION_SECONDS,
                                    description="Longest capture a user may request (at most 30s).")
-    cooldown: Duration = Field(900.0, description="After a capture on a GPU, alert and webhook triggers "
-                                                  "on that GPU are refused for this long.")
+    cooldown: Duration = Field(900.0, le=7 * 86400.0,
+                               description="After a capture on a GPU, alert and webhook triggers on that "
+                                           "GPU are refused for this long.")
     hourly_budget: int = Field(6, ge=1, le=3600,
                                description="Captures of any trigger allowed in a rolling hour.")
     deadline_margin: Duration = Field(10.0, gt=0.0, le=120.0,

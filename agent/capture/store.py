@@ -54,6 +54,7 @@ from gpuscope.capture.records import (
     record_from_bytes,
     record_to_bytes,
 )
+from gpuscope.common.sizes import format_size
 
 __all__ = [
     "CaptureIdError",
@@ -520,15 +521,3 @@ def _remove(path: Path) -> None:
             os.unlink(path)
     except OSError as err:
         _log.warning("cannot remove %s: %s", path, err)
-
-
-def format_size(size: int) -> str:
-    """Bytes for people: 512 B, 1.5 MiB."""
-    if size < 1024:
-        return f"{size} B"
-    value = float(size)
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if value < 1024:
-            return f"{value:.1f} {unit}"
-    return f"{value / 1024:.1f} TiB"

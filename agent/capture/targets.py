@@ -30,6 +30,7 @@ import psutil
 
 from gpuscope.capture.config import StaticTarget
 from gpuscope.capture.model import CaptureTarget
+from gpuscope.common.addresses import format_host_port
 from gpuscope.snapshot import GpuReading
 
 _log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def connect_address(ip: str, port: int) -> str:
     if addr.is_unspecified:
         # 0.0.0.0, or [::] (dual-stack unless IPV6_V6ONLY, which profiler servers do not set).
         return f"127.0.0.1:{port}"
-    return f"[{addr}]:{port}" if addr.version == 6 else f"{addr}:{port}"
+    return format_host_port(str(addr), port)
 
 
 class TargetResolver:

@@ -17,17 +17,16 @@ keep it as bytes (a second of capture is several MiB), and written byte for byte
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import re
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from gpuscope.capture.model import BackendResult, CaptureTarget, TargetKind
+from gpuscope.common.addresses import AddressError, HostPort, parse_host_port
 from gpuscope.generated.tsl import profiler_options_pb2, profiler_service_pb2, views_pb2
 
 PROFILE_METHOD = "/tensorflow.ProfilerService/Profile"
@@ -40,45 +39,25 @@ MAX_ERROR_CHARS = 500
 _BUSY_MESSAGES = ("another profiling session", "session active", "already profiling")
 _BUSY_CODES = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS)
 _UNREACHABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-_HOSTNAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9_-]{1,63})*\.?")
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+# gRPC's other name resolvers: a target like "unix:/path", "dns:///host:port" or "ipv4:1.2.3.4:5".
+# ("dns:6009" stays the host "dns", port 6009.)
+_GRPC_SCHEME = re.compile(r"(?:unix|unix-abstract|vsock|dns|ipv4|ipv6|xds):(?!\d+$)|[a-z][a-z0-9+.-]*://",
+                          re.IGNORECASE)
 
 
-@dataclass(frozen=True, slots=True)
-class Address:
-    """A validated ProfilerService endpoint. ``host`` is a name, an IPv4 or a bare IPv6 address."""
-
-    host: str
-    port: int
-
-    @property
-    def grpc_target(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-def parse_address(address: str) -> Address:
-    """``host:port``, ``[ipv6]:port`` or either with a ``grpc://`` prefix (as TensorFlow's client takes);
-    ValueError otherwise. Other gRPC target schemes (``unix:``, ``dns:``, ...) are refused."""
-    text = address.strip()
-    if text.startswith("grpc://"):
-        text = text[len("grpc://"):]
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"profiler address {address!r} is not host:port")
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"profiler address {address!r} has no valid port (1-65535)")
-    if host.startswith("[") and host.endswith("]"):
-        try:
-            ipaddress.IPv6Address(host[1:-1])
-        except ValueError:
-            raise ValueError(f"profiler address {address!r}: {host} is not an IPv6 address") from None
-        return Address(host[1:-1], int(port_text))
-    if ":" in host:
-        raise ValueError(f"profiler address {address!r}: write IPv6 addresses as [addr]:port; "
-                         "gRPC schemes such as unix: or dns: are not supported")
-    if len(host) > 253 or not _HOSTNAME.fullmatch(host):
-        raise ValueError(f"profiler address {address!r}: {host!r} is not a host name or IPv4 address")
-    return Address(host, int(port_text))
+def parse_target(address: str) -> HostPort:
+    """A ProfilerService endpoint: ``host:port`` or ``[ipv6]:port``, optionally with the ``grpc://``
+    prefix TensorFlow's client takes. Other gRPC target schemes (``unix:``, ``dns:``, ...) are refused
+    (AddressError, a ValueError)."""
+    text = address.strip().removeprefix("grpc://")
+    if _GRPC_SCHEME.match(text):
+        raise AddressError(f"profiler address {address!r}: gRPC target schemes such as unix: or dns: are "
+                           "not supported; name the server as host:port")
+    try:
+        return parse_host_port(text)
+    except AddressError as err:
+        raise AddressError(f"profiler {err}") from None
 
 
 def safe_name(text: str, limit: int = 100) -> str:
@@ -108,7 +87,7 @@ class TslProfilerBackend:
         except Exception as err:  # the contract: an outcome, never an exception
             return BackendResult("failed", error=_clip(f"{type(err).__name__}: {err}"))
 
-    def request(self, address: Address, duration_ms: int, run: str) -> profiler_service_pb2.ProfileRequest:
+    def request(self, address: HostPort, duration_ms: int, run: str) -> profiler_service_pb2.ProfileRequest:
         """The Profile request: the length in both fields (servers read ``opts.duration_ms``)."""
         options = profiler_options_pb2.ProfileOptions(
             version=1, host_tracer_level=self.host_tracer_level,
@@ -123,7 +102,7 @@ class TslProfilerBackend:
         if target.kind != "tsl" or not target.address:
             return BackendResult("failed", error=f"not a TSL profiler target: {target.describe()}")
         try:
-            address = parse_address(target.address)
+            address = parse_target(target.address)
         except ValueError as err:
             return BackendResult("failed", error=str(err))
         if run in ("", ".", "..") or safe_name(run, limit=255) != run:
@@ -141,13 +120,13 @@ class TslProfilerBackend:
             return _rpc_error(err, deadline_s, time.monotonic() - started)
         return self._store(response, address, target, staging, run)
 
-    def _profile(self, address: Address, request: profiler_service_pb2.ProfileRequest,
+    def _profile(self, address: HostPort, request: profiler_service_pb2.ProfileRequest,
                  deadline_s: float) -> views_pb2.ProfileResponseView:
         options = [
             ("grpc.max_receive_message_length", -1),  # a 10 s capture exceeds the 4 MiB default
             ("grpc.enable_http_proxy", 0),  # the job is on this node or in its pod network
         ]
-        with grpc.insecure_channel(address.grpc_target, options=options) as channel:
+        with grpc.insecure_channel(str(address), options=options) as channel:
             profile = channel.unary_unary(
                 PROFILE_METHOD, request_serializer=profiler_service_pb2.ProfileRequest.SerializeToString,
                 response_deserializer=views_pb2.ProfileResponseView.FromString)
@@ -155,7 +134,7 @@ class TslProfilerBackend:
                                                               wait_for_ready=False)
             return response
 
-    def _store(self, response: views_pb2.ProfileResponseView, address: Address, target: CaptureTarget,
+    def _store(self, response: views_pb2.ProfileResponseView, address: HostPort, target: CaptureTarget,
                staging: Path, run: str) -> BackendResult:
         if response.empty_trace:
             return BackendResult("empty")

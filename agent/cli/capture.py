@@ -28,8 +28,8 @@ import grpc
 
 from gpuscope.capture.config import MAX_DURATION_SECONDS
 from gpuscope.capture.records import CaptureIdError, check_capture_id
-from gpuscope.capture.store import format_size
 from gpuscope.common.durations import format_duration, parse_duration
+from gpuscope.common.sizes import format_size
 from gpuscope.control.client import ControlClient, ControlError
 from gpuscope.control.config import DEFAULT_SOCKET
 

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuscope.common.config_types import ConfigError
 from gpuscope.common.durations import parse_duration
-from gpuscope.config import ConfigError, Settings, load_settings
+from gpuscope.config import Settings, load_settings
 from gpuscope.snapshot import Snapshot
 from gpuscope.version import __version__
 
@@ -121,13 +122,10 @@ class _StartupError(Exception):
 
 def _build_agent(settings: Settings) -> Any:
     from gpuscope.agent import Agent
-    from gpuscope.simulate import ScenarioError
 
     try:
         return Agent(settings)
-    except ScenarioError as err:
-        raise _StartupError(str(err), usage=True) from err
-    except ValueError as err:  # e.g. an unparsable listen address
+    except ConfigError as err:  # e.g. a scenario file that cannot be used
         raise _StartupError(str(err), usage=True) from err
 
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated
-
-from pydantic import BeforeValidator
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -42,7 +39,3 @@ def format_duration(seconds: float) -> str:
     if seconds >= 60 and seconds % 60 == 0:
         return f"{seconds / 60:g}m"
     return f"{seconds:g}s"
-
-
-# A pydantic field type: seconds, written as a number or a duration string in config and scenarios.
-Duration = Annotated[float, BeforeValidator(parse_duration)]

@@ -28,8 +28,8 @@ from typing import Any
 
 import grpc
 
-from gpuscope.capture.config import parse_address
 from gpuscope.capture.records import CaptureIdError, CaptureRecordError, check_capture_id, check_relative_path
+from gpuscope.common.addresses import AddressError, parse_host_port
 from gpuscope.control.config import DEFAULT_SOCKET
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
 
@@ -76,8 +76,8 @@ class ControlClient:
             self._channel = grpc.insecure_channel(f"unix:{path}", options=options)
         else:
             try:
-                host, port = parse_address(str(address))
-            except ValueError as err:
+                peer = parse_host_port(str(address))
+            except AddressError as err:
                 raise ControlError(f"agent address: {err}", usage=True) from None
             self.where = str(address)
             if token is None:
@@ -96,8 +96,7 @@ class ControlClient:
                 grpc.access_token_call_credentials(token))  # "authorization: Bearer <token>", TLS only
             if tls_server_name:
                 options.append(("grpc.ssl_target_name_override", tls_server_name))
-            target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            self._channel = grpc.secure_channel(target, credentials, options=options)
+            self._channel = grpc.secure_channel(str(peer), credentials, options=options)
         self._stub = agent_pb2_grpc.AgentStub(self._channel)  # type: ignore[no-untyped-call]
 
     def close(self) -> None:

@@ -17,66 +17,15 @@ The longest capture a client may ask for is ``capture.max_duration`` (the captur
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+
+from gpuscope.common.config_types import ListenAddress, Section, UnixSocketPath
 
 DEFAULT_SOCKET = Path("/run/gpuscope/control.sock")
 DEFAULT_SOCKET_MODE = 0o660
-MAX_SOCKET_PATH_BYTES = 107  # sun_path is 108 bytes on Linux, with the terminating NUL
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def parse_listen_address(value: str) -> tuple[str, int]:
-    """(host, port) of "host:port", "[v6]:port" or ":port" (every interface: host "::");
-    port 0 asks for a free port (tests). ValueError says what is wrong."""
-    text = value.strip()
-    if text.startswith("["):
-        host, sep, port_text = text[1:].partition("]:")
-        if not sep:
-            raise ValueError(f"expected [v6-address]:port, got {value!r}")
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"{host!r} is not an IPv6 address (in {value!r})") from None
-    else:
-        host, sep, port_text = text.rpartition(":")
-        if not sep:
-            raise ValueError(f"expected host:port or :port, got {value!r}")
-        if ":" in host:
-            raise ValueError(f"write an IPv6 address in brackets, [addr]:port, got {value!r}")
-        if host and not all(c.isascii() and (c.isalnum() or c in "-._") for c in host):
-            raise ValueError(f"{host!r} is not a host name or address (in {value!r})")
-        host = host or "::"
-    if not port_text.isascii() or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"the port must be a number from 0 to 65535, got {port_text!r} (in {value!r})")
-    return host, int(port_text)
-
-
-def grpc_address(host: str, port: int) -> str:
-    """The address as gRPC's add_*_port takes it (IPv6 in brackets)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _listen_address(value: str | None) -> str | None:
-    if value is None:
-        return None
-    parse_listen_address(value)
-    return value.strip()
-
-
-def _socket_path(value: Path) -> Path:
-    if not value.is_absolute():
-        raise ValueError(f"the control socket must be an absolute path, got {str(value)!r}")
-    if len(str(value).encode()) > MAX_SOCKET_PATH_BYTES:
-        raise ValueError(f"the control socket path {str(value)!r} is longer than {MAX_SOCKET_PATH_BYTES} "
-                         "bytes, the most a Unix socket address holds")
-    return value
 
 
 def _octal_mode(value: object) -> object:
@@ -99,10 +48,10 @@ def _socket_mode(value: int) -> int:
     return value
 
 
-class TcpConfig(_Section):
+class TcpConfig(Section):
     """The control API over TCP: only with TLS and a bearer token (all of them, or none)."""
 
-    listen_address: Annotated[str | None, AfterValidator(_listen_address)] = Field(
+    listen_address: ListenAddress | None = Field(
         None, description="host:port, [v6]:port or :port (every interface). Unset: no TCP listener.")
     tls_cert_file: Path | None = Field(None, description="Server certificate chain (PEM).")
     tls_key_file: Path | None = Field(None, description="Private key of the certificate (PEM).")
@@ -131,9 +80,9 @@ class TcpConfig(_Section):
         return self.listen_address is not None
 
 
-class ControlConfig(_Section):
+class ControlConfig(Section):
     enabled: bool = Field(True, description="Serve the control API (the `gpuscope capture` CLI needs it).")
-    socket: Annotated[Path, AfterValidator(_socket_path)] = Field(
+    socket: UnixSocketPath = Field(
         DEFAULT_SOCKET, description="Unix socket of the control API (its directory is created 0750).")
     socket_mode: Annotated[int, BeforeValidator(_octal_mode), AfterValidator(_socket_mode)] = Field(
         DEFAULT_SOCKET_MODE, description="Permissions of the socket (octal); who may connect may capture.")

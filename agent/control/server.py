@@ -46,14 +46,13 @@ from gpuscope.capture.model import CaptureRecord, Trigger
 from gpuscope.capture.records import CaptureIdError
 from gpuscope.capture.service import CaptureRequest, CaptureService
 from gpuscope.capture.store import CaptureNotFoundError, CaptureStore, CaptureStoreError, new_capture_id
-from gpuscope.capture.tsl import parse_address as parse_profiler_address
+from gpuscope.capture.tsl import parse_target
+from gpuscope.common.addresses import format_host_port, parse_host_port
+from gpuscope.common.config_types import MAX_UNIX_SOCKET_PATH_BYTES
 from gpuscope.common.durations import format_duration
 from gpuscope.control.config import (
-    MAX_SOCKET_PATH_BYTES,
     ControlConfig,
     TcpConfig,
-    grpc_address,
-    parse_listen_address,
 )
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
 from gpuscope.snapshot import Snapshot
@@ -206,7 +205,7 @@ class _Servicer:
                 raise ValueError(f"pid must be a process id (1 or more), got {request.pid}")
             pid = request.pid
         else:
-            parse_profiler_address(request.target)  # ValueError: host:port, nothing else
+            parse_target(request.target)  # AddressError (a ValueError): host:port, nothing else
             target = request.target.strip()
         duration = request.duration_ms / 1000 if request.duration_ms else None  # 0: the agent's default
         if duration is not None and duration > MAX_DURATION_SECONDS:
@@ -411,7 +410,7 @@ class ControlServer:
         try:
             staged = private / "s"
             # A staged path too long for a socket address: bind in place (then chmod at once).
-            bind_path = staged if len(str(staged).encode()) <= MAX_SOCKET_PATH_BYTES else path
+            bind_path = staged if len(str(staged).encode()) <= MAX_UNIX_SOCKET_PATH_BYTES else path
             _bind(server, f"unix:{bind_path}", what=f"the control socket {path}")
             try:
                 os.chmod(bind_path, self._config.socket_mode)
@@ -456,10 +455,12 @@ class ControlServer:
                                                       require_client_auth=client_ca is not None)
         except Exception as err:  # grpc raises plain errors for unusable PEM
             raise ControlServerError(f"cannot use the control API's TLS files: {err}") from err
-        host, port = parse_listen_address(tcp.listen_address)
+        address = parse_host_port(tcp.listen_address, listen=True)
         server = _grpc_server(self._tcp_servicer, interceptors=[_BearerTokenInterceptor(token)])
-        self.tcp_port = _bind(server, grpc_address(host, port), what=f"control.tcp.listen_address "
-                              f"{tcp.listen_address}", credentials=credentials)
+        # ":port" listens on every interface: "[::]" is dual-stack for gRPC.
+        self.tcp_port = _bind(server, format_host_port(address.host or "::", address.port),
+                              what=f"control.tcp.listen_address {tcp.listen_address}",
+                              credentials=credentials)
         server.start()
         self._servers.append(server)
 

@@ -6,11 +6,12 @@ import os
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 from pydantic import ValidationError
 
+from gpuscope.common.config_types import ConfigError, format_errors
 from gpuscope.simulate.patterns import PATTERN_NAMES
 from gpuscope.simulate.scenario import Scenario
 
@@ -21,16 +22,14 @@ if TYPE_CHECKING:
         from importlib.abc import Traversable
 
 
-class ScenarioError(ValueError):
+class ScenarioError(ConfigError):
     """A scenario that cannot be used; the message names the file and the offending key path.
 
     With several problems the message has one line per problem, each ``FILE: key.path: reason``.
     """
 
-    def __init__(self, source: str, problems: list[str]) -> None:
-        self.source = source
-        self.problems = problems
-        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+    def describe(self) -> str:
+        return "\n".join(f"{self.source}: {p}" for p in self.problems)
 
 
 def bundled_scenarios() -> list[str]:
@@ -68,34 +67,11 @@ def parse_scenario(text: str, *, source: str = "<string>", default_name: str = "
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as err:
-        problems = []
-        for e in err.errors():
-            path = _key_path(e["loc"])
-            # A scenario-wide check names its own key paths, one problem per line.
-            problems += [f"{path}: {m}" if path else m for m in _message(e).split("\n")]
-        raise ScenarioError(source, problems) from None
+        # The patterns' names are the tags of a union, not keys the user wrote.
+        raise ScenarioError(source, format_errors(err, hidden=PATTERN_NAMES)) from None
     if not scenario.name:
         scenario = scenario.model_copy(update={"name": default_name})
     return scenario
-
-
-def _key_path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in PATTERN_NAMES or part.startswith("function-"):
-            continue  # pydantic's union tag / validator wrapper, not a key the user wrote
-        else:
-            out += f".{part}" if out else part
-    return out
-
-
-def _message(error: Any) -> str:
-    msg = str(error["msg"])
-    if error["type"] == "extra_forbidden":
-        return "unknown key (typo?)"
-    return msg.removeprefix("Value error, ")
 
 
 def _bundled_dir() -> Traversable:

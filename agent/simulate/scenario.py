@@ -14,10 +14,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gpuscope.common.durations import Duration
+from gpuscope.common.config_types import ByteSize, Duration
 from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
 from gpuscope.simulate.patterns import Pattern, SteadyPattern
-from gpuscope.simulate.units import Fraction, OptionalDuration, PositiveDuration, Size
+from gpuscope.simulate.units import Fraction, OptionalDuration, PositiveDuration
 
 _GiB = 1024**3
 _MiB = 1024**2
@@ -50,9 +50,9 @@ class DriverSpec(_Model):
 
 
 class MemorySpec(_Model):
-    total: Size = 80 * _GiB
-    reserved: Size = 512 * _MiB
-    base_used: Size = 0  # used by something other than the listed processes (e.g. a leaked context)
+    total: ByteSize = 80 * _GiB
+    reserved: ByteSize = 512 * _MiB
+    base_used: ByteSize = 0  # used by something other than the listed processes (e.g. a leaked context)
 
 
 class PowerSpec(_Model):
@@ -73,8 +73,8 @@ class ClockSpec(_Model):
 
 
 class PcieRates(_Model):
-    tx_bytes_per_s: Size = 256 * _MiB
-    rx_bytes_per_s: Size = 1 * _GiB
+    tx_bytes_per_s: ByteSize = 256 * _MiB
+    rx_bytes_per_s: ByteSize = 1 * _GiB
 
 
 class PcieSpec(PcieRates):
@@ -143,7 +143,7 @@ class ProcessSpec(_Model):
     pid: int | None = Field(None, gt=0)
     spawn: bool = False  # start a real helper process named ``name`` and report its pid
     kind: Literal["compute", "graphics"] = "compute"
-    memory: Size = 0
+    memory: ByteSize = 0
     sm_share: Fraction | None = None  # share of the GPU's utilization; default: 1 / processes on the GPU
     utilization: Pattern | None = None  # the process's own pattern instead of a share
     start: Duration = 0.0
