@@ -20,7 +20,8 @@ from gpuscope.alerts.rules_config import build_rules
 from gpuscope.capture.factory import Captures, build_captures
 from gpuscope.capture.webhook import WebhookReceiver, this_node_hosts
 from gpuscope.config import Settings
-from gpuscope.control.server import ControlServer, ControlServerError
+from gpuscope.control.errors import ControlServerError
+from gpuscope.control.server import ControlServer
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.exporters.pods import PodResourcesCollector

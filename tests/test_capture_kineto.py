@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import importlib.util
 import json
 import logging
 import os
-import queue
 import re
 import shutil
 import socket
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,82 +26,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from capturing import TORCH_WORKLOAD, DirectoryStaging, Workload, require_torch, start, stop, wait_ready
 
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.factory import Captures, build_captures
-from gpuscope.capture.kineto import (
-    HEADER,
-    REQUEST,
-    KinetoBackend,
-    KinetoDaemon,
-    KinetoDaemonError,
-    PendingTrace,
-)
+from gpuscope.capture.kineto.backend import KinetoBackend
+from gpuscope.capture.kineto.daemon import KinetoDaemon, KinetoDaemonError, PendingTrace
+from gpuscope.capture.kineto.protocol import HEADER, REQUEST
 from gpuscope.capture.model import BackendResult, CaptureTarget
-from gpuscope.capture.store import safe_host
+from gpuscope.common.unixfs import safe_file_name
 
-WORKLOAD = Path(__file__).resolve().parent / "workloads" / "torch_workload.py"
 OPS = {"aten::mm", "aten::addmm", "aten::relu"}
 POLL_S = 1  # ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS for the test processes
 DEADLINE_S = 20.0
 
 
-def require_torch() -> None:
-    if importlib.util.find_spec("torch") is None:
-        message = "torch is not installed (pip install torch==2.13.0, the CPU wheel)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-
-
-@dataclass
-class Workload:
-    proc: subprocess.Popen[str]
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-
 def start_workload(tmp: Path, name: str, *args: str, socket_dir: Path | None) -> Workload:
+    """A PyTorch training loop started with KINETO_USE_DAEMON=1, polling every POLL_S."""
     kineto_config = tmp / "libkineto.conf"
     kineto_config.write_text(f"ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS={POLL_S}\n")
-    env = {**os.environ, "KINETO_USE_DAEMON": "1", "KINETO_CONFIG": str(kineto_config),
-           "PYTHONUNBUFFERED": "1"}
-    env.pop("KINETO_IPC_SOCKET_DIR", None)
+    env = {"KINETO_USE_DAEMON": "1", "KINETO_CONFIG": str(kineto_config)}
     if socket_dir is not None:
         env["KINETO_IPC_SOCKET_DIR"] = str(socket_dir)
-    log = tmp / f"{name}.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, str(WORKLOAD), *args], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-    return Workload(proc, log)
-
-
-def wait_ready(workload: Workload, timeout: float = 60.0) -> None:
-    lines: queue.Queue[str] = queue.Queue()
-    stdout = workload.proc.stdout
-    assert stdout is not None
-    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
-    try:
-        line = lines.get(timeout=timeout)
-    except queue.Empty:
-        line = ""
-    if line.strip() != "ready":
-        raise AssertionError(f"torch workload not ready (exit {workload.proc.poll()}):\n"
-                             f"{workload.log.read_text()}")
-
-
-def stop(workload: Workload) -> None:
-    if workload.proc.stdin is not None:
-        with contextlib.suppress(OSError):
-            workload.proc.stdin.close()  # the workload exits when its stdin closes
-    try:
-        workload.proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        workload.proc.kill()
-        workload.proc.wait(timeout=5)
+    return start(TORCH_WORKLOAD, tmp, name, *args, env=env,
+                 unset=() if socket_dir is not None else ("KINETO_IPC_SOCKET_DIR",))
 
 
 def wait_registered(daemon: KinetoDaemon, pid: int, timeout: float = 20.0) -> None:
@@ -171,7 +115,7 @@ def node(short_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def capture(node: Node, pid: int, staging: Path, duration_s: float = 1.0,
             deadline_s: float = DEADLINE_S) -> BackendResult:
     return node.backend.capture(CaptureTarget("kineto", pid, source="kineto-registration"), duration_s,
-                                staging, run="run1", deadline_s=deadline_s)
+                                DirectoryStaging(staging), deadline_s=deadline_s)
 
 
 def trace_events(path: Path) -> list[dict[str, object]]:
@@ -208,8 +152,8 @@ def test_captures_a_training_process(node: Node, tmp_path: Path) -> None:
     assert result.outcome == "captured", (result, node.busy.log.read_text())
     assert result.error is None
     (name,) = result.files
-    assert re.fullmatch(rf"{re.escape(safe_host(socket.gethostname()))}_{node.busy.pid}\.\d{{13}}"
-                        r"\.pt\.trace\.json\.gz", name)
+    host = re.escape(safe_file_name(socket.gethostname(), limit=64))
+    assert re.fullmatch(rf"{host}_{node.busy.pid}\.\d{{13}}\.pt\.trace\.json\.gz", name)
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # no temporary file left behind
     events = trace_events(tmp_path / name)
     names = {e.get("name") for e in events if e.get("ph") == "X"}
@@ -414,12 +358,12 @@ def test_the_backend_without_a_running_daemon(short_dir: Path, tmp_path: Path) -
     daemon = KinetoDaemon(socket_dir=short_dir / "sock-none", trace_dir=short_dir / "traces-none")
     backend = KinetoBackend(daemon)
     target = CaptureTarget("kineto", os.getpid())
-    result = backend.capture(target, 1.0, tmp_path, run="r", deadline_s=5.0)
+    result = backend.capture(target, 1.0, DirectoryStaging(tmp_path, "r"), deadline_s=5.0)
     assert result.outcome == "unreachable"
     assert "not running" in (result.error or "")
-    assert backend.capture(CaptureTarget("tsl", 1, "127.0.0.1:6009"), 1.0, tmp_path, run="r",
+    assert backend.capture(CaptureTarget("tsl", 1, "127.0.0.1:6009"), 1.0, DirectoryStaging(tmp_path, "r"),
                            deadline_s=5.0).outcome == "failed"
-    assert backend.capture(target, 2.0, tmp_path, run="r", deadline_s=1.0).outcome == "failed"
+    assert backend.capture(target, 2.0, DirectoryStaging(tmp_path, "r"), deadline_s=1.0).outcome == "failed"
 
 
 def test_a_symlinked_trace_directory_is_refused(short_dir: Path) -> None:
@@ -458,8 +402,8 @@ def test_real_pytorch_through_the_abstract_socket(short_dir: Path, tmp_path: Pat
     try:
         wait_ready(workload)
         wait_registered(daemon, workload.pid)
-        result = KinetoBackend(daemon).capture(CaptureTarget("kineto", workload.pid), 0.5, tmp_path / "out",
-                                               run="r", deadline_s=DEADLINE_S)
+        result = KinetoBackend(daemon).capture(CaptureTarget("kineto", workload.pid), 0.5,
+                                               DirectoryStaging(tmp_path / "out"), deadline_s=DEADLINE_S)
         assert result.outcome == "captured", (result, workload.log.read_text())
         names = {e.get("name") for e in trace_events(tmp_path / "out" / result.files[0])}
         assert names >= OPS
@@ -477,7 +421,7 @@ def test_a_waiting_capture_ends_when_the_daemon_stops(short_dir: Path, tmp_path:
         with ScriptedClient(socket_dir, "stop") as client:
             client.request(daemon.address, [os.getpid()])
             thread = threading.Thread(target=lambda: results.append(KinetoBackend(daemon).capture(
-                CaptureTarget("kineto", os.getpid()), 1.0, tmp_path, run="r", deadline_s=30.0)))
+                CaptureTarget("kineto", os.getpid()), 1.0, DirectoryStaging(tmp_path), deadline_s=30.0)))
             thread.start()
             while os.getpid() not in daemon._pending:
                 time.sleep(0.01)
@@ -613,8 +557,8 @@ def test_the_configured_directories_are_used(short_dir: Path, tmp_path: Path,
         assert [stat_mode(p) for p in (base, base / "traces", base / "ipc")] == [0o755, 0o711, 0o1733]
         wait_ready(workload)
         wait_registered(daemon, workload.pid)
-        result = KinetoBackend(daemon).capture(CaptureTarget("kineto", workload.pid), 0.5, tmp_path / "out",
-                                               run="r", deadline_s=DEADLINE_S)
+        result = KinetoBackend(daemon).capture(CaptureTarget("kineto", workload.pid), 0.5,
+                                               DirectoryStaging(tmp_path / "out"), deadline_s=DEADLINE_S)
         assert result.outcome == "captured", (result, workload.log.read_text())
         (trace_file,) = written
         assert trace_file.parent.parent == base / "traces"

@@ -3,14 +3,11 @@ captures it once, stores the trace with the alert's name, and respects the coold
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from capturing import Workload
 from test_alert_scenarios import ManualClock
-from test_capture_tsl import Workload, start_workload, stop, wait_ready
 
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.model import Transition
@@ -29,18 +26,6 @@ from gpuscope.nvml.boundary import Nvml
 from gpuscope.sampler import Sampler
 from gpuscope.simulate import Simulation
 from gpuscope.simulate.loader import parse_scenario
-
-
-@pytest.fixture(scope="module")
-def jax_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workload]:
-    if not os.environ.get("CI"):
-        pytest.importorskip("jax")
-    workload = start_workload(tmp_path_factory.mktemp("jax"), idle=False)
-    try:
-        wait_ready(workload)
-        yield workload
-    finally:
-        stop(workload)
 
 
 def scenario_for(pid: int) -> str:

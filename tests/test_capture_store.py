@@ -45,10 +45,9 @@ def record_for(staging: Staging, *, start: float = T0, files: tuple[str, ...] = 
 
 
 def write_trace(staging: Staging, size: int, host: str = "node-1") -> str:
-    path = staging.xplane_path(host)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"x" * size)
-    return path.relative_to(staging.path).as_posix()
+    with staging.new_file(host, ".xplane.pb", folders=("plugins", "profile", staging.run)) as new:
+        new.file.write(b"x" * size)
+        return new.publish()
 
 
 def add(store: CaptureStore, size: int, *, start: float = T0, gpu: int = 0) -> CaptureRecord:
@@ -72,15 +71,16 @@ def test_commit_publishes_a_complete_capture(tmp_path: Path) -> None:
         assert staging.path == root.resolve() / ".staging" / staging.id
         assert oct(staging.path.stat().st_mode & 0o777) == "0o700"
         xplane = write_trace(staging, 1000, host="node-1.example")
-        kineto = staging.kineto_trace_path("node-1", 4242)
-        kineto.write_bytes(b"k" * 500)
+        with staging.new_file("node-1_4242.1700000000000", ".pt.trace.json.gz") as new:
+            new.file.write(b"k" * 500)
+            kineto = new.publish()
         assert store.list() == [], "nothing lists before commit"
 
         stored = store.commit(staging, record_for(staging))
         assert xplane == f"plugins/profile/{staging.id}/node-1.example.xplane.pb"
-        assert kineto.name == f"node-1_4242.{round(T0 * 1000)}.pt.trace.json.gz"
+        assert kineto == "node-1_4242.1700000000000.pt.trace.json.gz"
         assert stored.bytes == 1500
-        assert stored.files == (kineto.name, xplane)
+        assert stored.files == (kineto, xplane)
         assert not staging.path.exists()
         directory = root / staging.id
         assert (directory / xplane).read_bytes() == b"x" * 1000
@@ -94,7 +94,7 @@ def test_commit_publishes_a_complete_capture(tmp_path: Path) -> None:
         files = store.files(staging.id)
         record_size = (directory / "capture.json").stat().st_size
         assert [(f.relative, f.size) for f in files] == sorted([
-            ("capture.json", record_size), (kineto.name, 500), (xplane, 1000)])
+            ("capture.json", record_size), (kineto, 500), (xplane, 1000)])
         assert all(f.path.read_bytes() for f in files)
         assert store.total_bytes() == sum(f.size for f in files)
         assert store.last_start() == T0 and store.last_start("failed") is None
@@ -362,7 +362,7 @@ def test_a_staging_area_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
     elsewhere.mkdir()
     (elsewhere / "precious").write_text("keep")
     os.symlink(elsewhere, root / ".staging")
-    with pytest.raises(CaptureStoreError, match=r"\.staging is not a directory \(a symlink or a file\)"):
+    with pytest.raises(CaptureStoreError, match=r"\.staging is not a directory \(or is a symlink"):
         CaptureStore(root, quota_bytes=1 << 20)
     assert (elsewhere / "precious").read_text() == "keep"
     CaptureStore(tmp_path / "captures2", quota_bytes=1 << 20).close()  # and the lock was released

@@ -3,12 +3,7 @@ scripted in-process ProfilerService for the answers a JAX job does not give."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import queue
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,25 +14,20 @@ from typing import Any
 
 import grpc
 import pytest
+from capturing import DirectoryStaging, Workload, free_port
 
 from gpuscope.capture.model import BackendResult, CaptureTarget
-from gpuscope.capture.tsl import TslProfilerBackend, parse_target, safe_name
+from gpuscope.capture.tsl import TslProfilerBackend, parse_target
+from gpuscope.common.unixfs import safe_file_name
 from gpuscope.generated.tsl import profiler_service_pb2, xplane_pb2
 
-WORKLOAD = Path(__file__).resolve().parent / "workloads" / "jax_workload.py"
 JITTED = "gpuscope_matmul_step"  # the workload's jitted function
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def capture(address: str, duration_s: float, staging: Path, *, pid: int | None = None, run: str = "run1",
             deadline_s: float = 10.0, backend: TslProfilerBackend | None = None) -> BackendResult:
     target = CaptureTarget("tsl", pid, address)
-    return (backend or TslProfilerBackend()).capture(target, duration_s, staging, run=run,
+    return (backend or TslProfilerBackend()).capture(target, duration_s, DirectoryStaging(staging, run),
                                                      deadline_s=deadline_s)
 
 
@@ -46,72 +36,6 @@ def listing(staging: Path) -> list[str]:
 
 
 # --- real JAX processes ---------------------------------------------------------------------------
-
-@dataclass
-class Workload:
-    proc: subprocess.Popen[str]
-    port: int
-    log: Path
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-
-def start_workload(tmp: Path, *, idle: bool) -> Workload:
-    port = free_port()
-    log = tmp / f"jax-{port}.log"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, str(WORKLOAD), str(port), *(["--idle"] if idle else [])],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=env)
-    return Workload(proc, port, log)
-
-
-def wait_ready(workload: Workload, timeout: float = 60.0) -> None:
-    lines: queue.Queue[str] = queue.Queue()
-    assert workload.proc.stdout is not None
-    stdout = workload.proc.stdout
-    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
-    try:
-        line = lines.get(timeout=timeout)
-    except queue.Empty:
-        line = ""
-    if line.strip() != "ready":
-        raise AssertionError(f"JAX workload not ready (exit {workload.proc.poll()}):\n"
-                             f"{workload.log.read_text()}")
-
-
-def stop(workload: Workload) -> None:
-    if workload.proc.stdin is not None:
-        workload.proc.stdin.close()  # the workload exits when its stdin closes
-    try:
-        workload.proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        workload.proc.kill()
-        workload.proc.wait(timeout=5)
-
-
-@pytest.fixture(scope="module")
-def jax_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Workload, Workload]]:
-    """A busy and an idle JAX job, started together (each takes seconds to import JAX)."""
-    if importlib.util.find_spec("jax") is None:
-        message = "jax is not installed (pip install jax)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    tmp = tmp_path_factory.mktemp("jax")
-    busy = start_workload(tmp, idle=False)
-    idle = start_workload(tmp, idle=True)
-    try:
-        wait_ready(busy)
-        wait_ready(idle)
-        yield busy, idle
-    finally:
-        stop(busy)
-        stop(idle)
-
 
 def event_names(space: xplane_pb2.XSpace) -> set[str]:
     names = set()
@@ -122,14 +46,14 @@ def event_names(space: xplane_pb2.XSpace) -> set[str]:
     return names
 
 
-def test_captures_a_running_jax_job(jax_jobs: tuple[Workload, Workload], tmp_path: Path) -> None:
-    busy, _ = jax_jobs
+def test_captures_a_running_jax_job(jax_job: Workload, tmp_path: Path) -> None:
+    busy = jax_job
     started = time.monotonic()
     result = capture(busy.address, 0.8, tmp_path, pid=busy.proc.pid)
     elapsed = time.monotonic() - started
     assert result.outcome == "captured", result
     assert result.error is None
-    host = safe_name(socket.gethostname())
+    host = safe_file_name(socket.gethostname())
     assert result.files == (f"plugins/profile/run1/{host}_pid{busy.proc.pid}.xplane.pb",)
     assert listing(tmp_path) == list(result.files)  # no temporary file left behind
     assert 0.8 <= elapsed < 10
@@ -148,19 +72,18 @@ def test_captures_a_running_jax_job(jax_jobs: tuple[Workload, Workload], tmp_pat
     assert 0.5e9 < max(ends) - min(starts) < 2e9
 
 
-def test_a_second_capture_in_the_same_run_gets_its_own_file(jax_jobs: tuple[Workload, Workload],
-                                                             tmp_path: Path) -> None:
-    busy, _ = jax_jobs
+def test_a_second_capture_in_the_same_run_gets_its_own_file(jax_job: Workload, tmp_path: Path) -> None:
+    busy = jax_job
     first = capture(busy.address, 0.3, tmp_path, run="2024_05_01_12_00_00")
     second = capture(busy.address, 0.3, tmp_path, run="2024_05_01_12_00_00")
-    host = safe_name(socket.gethostname())
+    host = safe_file_name(socket.gethostname())
     assert first.files == (f"plugins/profile/2024_05_01_12_00_00/{host}_port{busy.port}.xplane.pb",)
     assert second.files == (f"plugins/profile/2024_05_01_12_00_00/{host}_port{busy.port}-2.xplane.pb",)
     assert listing(tmp_path) == sorted([*first.files, *second.files])
 
 
-def test_a_concurrent_capture_is_busy(jax_jobs: tuple[Workload, Workload], tmp_path: Path) -> None:
-    busy, _ = jax_jobs
+def test_a_concurrent_capture_is_busy(jax_job: Workload, tmp_path: Path) -> None:
+    busy = jax_job
     results: dict[str, BackendResult] = {}
     first = threading.Thread(target=lambda: results.setdefault("first", capture(busy.address, 1.0,
                                                                                  tmp_path / "a")))
@@ -176,9 +99,9 @@ def test_a_concurrent_capture_is_busy(jax_jobs: tuple[Workload, Workload], tmp_p
     assert not (tmp_path / "b").exists()
 
 
-def test_an_idle_jax_job_is_empty(jax_jobs: tuple[Workload, Workload], tmp_path: Path) -> None:
+def test_an_idle_jax_job_is_empty(idle_jax_job: Workload, tmp_path: Path) -> None:
     # Measured: after the full duration, empty_trace=true (with a host plane that has no events).
-    _, idle = jax_jobs
+    idle = idle_jax_job
     started = time.monotonic()
     result = capture(idle.address, 0.5, tmp_path, pid=idle.proc.pid)
     assert result == BackendResult("empty")
@@ -186,8 +109,8 @@ def test_an_idle_jax_job_is_empty(jax_jobs: tuple[Workload, Workload], tmp_path:
     assert listing(tmp_path) == []
 
 
-def test_ipv6_loopback(jax_jobs: tuple[Workload, Workload], tmp_path: Path) -> None:
-    busy, _ = jax_jobs
+def test_ipv6_loopback(jax_job: Workload, tmp_path: Path) -> None:
+    busy = jax_job
     try:
         with socket.create_connection(("::1", busy.port), timeout=1):
             pass
@@ -413,13 +336,13 @@ def test_bad_arguments_fail_without_a_call(kwargs: dict[str, Any], message: str,
 def test_targets_of_another_kind_fail(tmp_path: Path) -> None:
     backend = TslProfilerBackend()
     for target in (CaptureTarget("kineto", 12), CaptureTarget("tsl", 12)):
-        result = backend.capture(target, 1.0, tmp_path, run="r", deadline_s=5)
+        result = backend.capture(target, 1.0, DirectoryStaging(tmp_path, "r"), deadline_s=5)
         assert result.outcome == "failed" and result.error is not None
 
 
 def test_safe_names() -> None:
-    assert safe_name("worker-0.example.com") == "worker-0.example.com"
-    assert safe_name("../../etc/passwd") == "_.._etc_passwd"
-    assert safe_name("...") == "host"
-    assert safe_name("ä b/c") == "_b_c"
-    assert len(safe_name("x" * 500)) == 100
+    assert safe_file_name("worker-0.example.com") == "worker-0.example.com"
+    assert safe_file_name("../../etc/passwd") == "_.._etc_passwd"
+    assert safe_file_name("...") == "host"
+    assert safe_file_name("ä b/c") == "_b_c"
+    assert len(safe_file_name("x" * 500)) == 100

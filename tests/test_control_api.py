@@ -23,22 +23,23 @@ from typing import Any
 
 import grpc
 import pytest
+from capturing import Workload
 from pydantic import ValidationError
 from test_alert_scenarios import ManualClock
-from test_capture_service import jax_job, scenario_for  # noqa: F401 (jax_job: a fixture)
-from test_capture_tsl import Workload
+from test_capture_service import scenario_for
 
 from gpuscope.capture.config import CaptureConfig, StaticTarget
-from gpuscope.capture.model import BackendResult, CaptureTarget
+from gpuscope.capture.model import BackendResult, CaptureTarget, StagingArea
 from gpuscope.capture.policy import CapturePolicy
 from gpuscope.capture.records import record_from_bytes
 from gpuscope.capture.service import CaptureService
 from gpuscope.capture.store import CaptureStore
 from gpuscope.capture.targets import TargetResolver
 from gpuscope.capture.tsl import TslProfilerBackend
-from gpuscope.control.client import ControlClient, ControlError, safe_relative_path, write_chunks
+from gpuscope.control.client import ControlClient, safe_relative_path, write_chunks
 from gpuscope.control.config import ControlConfig
-from gpuscope.control.server import CHUNK_BYTES, ControlServer, ControlServerError
+from gpuscope.control.errors import ControlError, ControlServerError
+from gpuscope.control.server import CHUNK_BYTES, ControlServer
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
 from gpuscope.generated.tsl import xplane_pb2
 from gpuscope.host.processes import ProcessInspector
@@ -65,15 +66,29 @@ class FakeBackend:
         self.outcome = outcome
         self.calls: list[tuple[float, str | None, float]] = []  # (wall clock, address, duration)
 
-    def capture(self, target: CaptureTarget, duration_s: float, staging: Path, *, run: str,
+    def capture(self, target: CaptureTarget, duration_s: float, staging: StagingArea, *,
                 deadline_s: float) -> BackendResult:
         self.calls.append((time.time(), target.address, duration_s))
         if self.outcome != "captured":
             return BackendResult(self.outcome, error="fake")  # type: ignore[arg-type]
-        folder = staging / "plugins" / "profile" / run
-        folder.mkdir(parents=True)
-        (folder / "fake.xplane.pb").write_bytes(os.urandom(self.size))
-        return BackendResult("captured", files=(f"plugins/profile/{run}/fake.xplane.pb",))
+        with staging.new_file("fake", ".xplane.pb", folders=("plugins", "profile", staging.run)) as new:
+            new.file.write(os.urandom(self.size))
+            return BackendResult("captured", files=(new.publish(),))
+
+
+class GatedBackend(FakeBackend):
+    """Holds every capture until ``release`` is set; ``started`` is set when one begins."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def capture(self, target: CaptureTarget, duration_s: float, staging: StagingArea, *,
+                deadline_s: float) -> BackendResult:
+        self.started.set()
+        self.release.wait(timeout=30)
+        return super().capture(target, duration_s, staging, deadline_s=deadline_s)
 
 
 def one_gpu_snapshot() -> Snapshot:
@@ -653,34 +668,29 @@ def test_tcp_setup_errors_are_clear(tmp_path: Path) -> None:
 
 
 def test_other_methods_answer_while_a_capture_runs(tmp_path: Path) -> None:
-    class Slow(FakeBackend):
-        def capture(self, target: CaptureTarget, duration_s: float, staging: Path, *, run: str,
-                    deadline_s: float) -> BackendResult:
-            time.sleep(duration_s)
-            return super().capture(target, duration_s, staging, run=run, deadline_s=deadline_s)
-
-    with running_node(tmp_path, backend=Slow(size=10)) as node, node.client() as client:
+    backend = GatedBackend(size=10)
+    with running_node(tmp_path, backend=backend) as node, node.client() as client:
         results: list[dict[str, Any]] = []
         worker = threading.Thread(target=lambda: results.append(client.capture(target=PROFILER,
                                                                                duration_s=1.5)))
         worker.start()
-        time.sleep(0.3)
+        assert backend.started.wait(timeout=10)
         started = time.monotonic()
         assert client.list_captures() == [] and client.list_alerts()["enabled"] is False
-        assert time.monotonic() - started < 1.0
-        second = client.capture(target=PROFILER, duration_s=0.1)  # queued behind the first
+        assert time.monotonic() - started < 1.0 and not results  # the capture is still held
+        queued: list[dict[str, Any]] = []
+        second = threading.Thread(target=lambda: queued.append(client.capture(target=PROFILER,
+                                                                              duration_s=0.1)))
+        second.start()  # queued behind the first
+        backend.release.set()
         worker.join(timeout=20)
-        assert results[0]["outcome"] == "captured" and second["outcome"] == "captured"
+        second.join(timeout=20)
+        assert results[0]["outcome"] == "captured" and queued[0]["outcome"] == "captured"
 
 
 def test_stop_does_not_wait_for_a_capture_in_progress(tmp_path: Path) -> None:
-    class Slow(FakeBackend):
-        def capture(self, target: CaptureTarget, duration_s: float, staging: Path, *, run: str,
-                    deadline_s: float) -> BackendResult:
-            time.sleep(2.0)
-            return super().capture(target, duration_s, staging, run=run, deadline_s=deadline_s)
-
-    with running_node(tmp_path, backend=Slow(size=10)) as node, node.client() as client:
+    backend = GatedBackend(size=10)
+    with running_node(tmp_path, backend=backend) as node, node.client() as client:
         errors: list[ControlError] = []
 
         def call() -> None:
@@ -691,7 +701,7 @@ def test_stop_does_not_wait_for_a_capture_in_progress(tmp_path: Path) -> None:
 
         worker = threading.Thread(target=call)
         worker.start()
-        time.sleep(0.3)
+        assert backend.started.wait(timeout=10)
         started = time.monotonic()
         node.server.stop(grace=0.2)
         assert time.monotonic() - started < 1.0
@@ -699,6 +709,7 @@ def test_stop_does_not_wait_for_a_capture_in_progress(tmp_path: Path) -> None:
         assert errors and errors[0].code == grpc.StatusCode.UNAVAILABLE, errors
         assert not node.socket.exists()
         assert node.store is not None
+        backend.release.set()
         deadline = time.monotonic() + 10  # the capture itself went on, and was stored
         while not node.store.list() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -708,7 +719,7 @@ def test_stop_does_not_wait_for_a_capture_in_progress(tmp_path: Path) -> None:
 # -- a real JAX job, end to end ---------------------------------------------------------------------------
 
 
-def test_a_real_jax_capture_through_the_api(jax_job: Workload, tmp_path: Path) -> None:  # noqa: F811
+def test_a_real_jax_capture_through_the_api(jax_job: Workload, tmp_path: Path) -> None:
     clock = ManualClock()
     config = CaptureConfig.model_validate({"store": {"root": str(tmp_path / "captures")},
                                            "profiler_ports": [jax_job.port], "duration": "1s"})

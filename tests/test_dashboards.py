@@ -15,9 +15,7 @@ pid, and the agent captures it through its control API (see Live.recent_capture 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
 import subprocess
 import time
@@ -31,10 +29,11 @@ from typing import Any
 import pytest
 import yaml
 from agent_process import RunningAgent, http_get, run_agent
-from test_capture_tsl import Workload, start_workload, stop, wait_ready
+from capturing import Workload
 from test_e2e_prometheus import PROMTOOL, Prometheus, require, run_prometheus, scrape_config
 
-from gpuscope.control.client import ControlClient, ControlError
+from gpuscope.control.client import ControlClient
+from gpuscope.control.errors import ControlError
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = {p.stem: json.loads(p.read_text()) for p in sorted((ROOT / "dashboards").glob("*.json"))}
@@ -272,21 +271,17 @@ CAPTURE_METRICS = {"gpuscope_captures_total", "gpuscope_capture_last_timestamp_s
 CAPTURE_FRESH_SECONDS = 20
 
 
-def scenario(jax_pid: int | None) -> str:
-    """SCENARIO, with the JAX job's real pid in place of GPU 2's spawned train-rank2 (if jax is installed)."""
-    if jax_pid is None:
-        return SCENARIO
+def scenario(jax_pid: int) -> str:
+    """SCENARIO, with the JAX job's real pid in place of GPU 2's spawned train-rank2."""
     document = yaml.safe_load(SCENARIO)
     document["gpus"][CAPTURE_GPU]["processes"][0] = {"name": "jax-job", "pid": jax_pid, "memory": "40GiB",
                                                      "sm_share": 0.8}
     return yaml.safe_dump(document, sort_keys=False)
 
 
-def config(jax_port: int | None) -> str:
+def config(jax_port: int) -> str:
     """CONFIG, with captures of the JAX job's profiler server. The hourly budget (6 by default) is raised
     for Live.recent_capture, which may capture more than 6 times on a very slow run."""
-    if jax_port is None:
-        return CONFIG
     return CONFIG + f"capture:\n  profiler_ports: [{jax_port}]\n  hourly_budget: 100\n"
 
 
@@ -299,7 +294,7 @@ class Live:
     prometheus: Prometheus
     agent: RunningAgent
     control: Path  # the agent's control API socket (run_agent's GPUSCOPE_CONTROL__SOCKET)
-    jax: Workload | None  # the JAX job on GPU 2; None when jax is not installed
+    jax: Workload  # the JAX job on GPU 2
 
     @property
     def instance(self) -> str:
@@ -362,32 +357,25 @@ class Live:
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+def live(tmp_path_factory: pytest.TempPathFactory, jax_job: Workload) -> Iterator[Live]:
     tmp = tmp_path_factory.mktemp("dashboards")
+    jax = jax_job
     with ExitStack() as stack:
-        jax: Workload | None = None
-        if importlib.util.find_spec("jax") is not None:
-            # Started first, for its pid: it imports JAX (seconds) while the agent and Prometheus start.
-            jax = start_workload(tmp, idle=False)
-            stack.callback(stop, jax)
-        (tmp / "scenario.yaml").write_text(scenario(jax.proc.pid if jax else None))
-        (tmp / "gpuscope.yml").write_text(config(jax.port if jax else None))
+        (tmp / "scenario.yaml").write_text(scenario(jax.pid))
+        (tmp / "gpuscope.yml").write_text(config(jax.port))
         args = ("--config", str(tmp / "gpuscope.yml"), "--simulate", str(tmp / "scenario.yaml"))
         agent = stack.enter_context(run_agent(tmp, *args))
         prometheus = stack.enter_context(run_prometheus(tmp / "prometheus", scrape_config(agent)))
         live = Live(prometheus, agent, tmp / f"control-{agent.port}.sock", jax)
-        if jax is not None:
-            # The first capture (the slowest: the job's profiler starts up) while the history grows.
-            wait_ready(jax)
-            record = live.capture()
-            assert record["gpu"] == CAPTURE_GPU and jax.proc.pid in record["pids"], record
+        # The first capture (the slowest: the job's profiler starts up) while the history grows.
+        record = live.capture()
+        assert record["gpu"] == CAPTURE_GPU and jax.pid in record["pids"], record
         # Enough history for rates over RATE_INTERVAL, the Xid, and both alerts firing.
         prometheus.wait_for("count_over_time(gpu_energy_joules_total[1m]) >= 8", count=4)
         prometheus.wait_for("gpu_xid_errors_total")
         prometheus.wait_for("gpuscope_alert_firing", count=2)
-        if jax is not None:
-            prometheus.wait_for('gpuscope_captures_total{outcome="captured"}', timeout=30)
-            prometheus.wait_for("gpuscope_capture_last_timestamp_seconds", timeout=30)
+        prometheus.wait_for('gpuscope_captures_total{outcome="captured"}', timeout=30)
+        prometheus.wait_for("gpuscope_capture_last_timestamp_seconds", timeout=30)
         yield live
 
 
@@ -407,11 +395,6 @@ def test_the_variables_list_the_simulated_node(live: Live) -> None:
 @pytest.mark.parametrize("query", QUERIES, ids=lambda q: q.id)
 def test_query_returns_data_from_a_real_prometheus(live: Live, query: Query) -> None:
     if reads_captures(query):
-        if live.jax is None:
-            message = "jax is not installed (pip install jax): no profiler target to capture"
-            if os.environ.get("CI"):
-                pytest.fail(message)
-            pytest.skip(message)
         live.recent_capture()
     expr = substitute(query.expr, live.instance)
     now = time.time()

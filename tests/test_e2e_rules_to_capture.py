@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import yaml
 from agent_process import free_port, http_get, run_agent
+from capturing import Workload
 from test_alertmanager import active_alerts, run_alertmanager, wait_until
-from test_capture_service import jax_job, scenario_for  # noqa: F401  (jax_job is a fixture)
-from test_capture_tsl import Workload
+from test_capture_service import scenario_for
 from test_e2e_prometheus import Prometheus, run_prometheus
 
 from gpuscope.capture.records import record_from_bytes
@@ -110,7 +110,7 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
 
 
 def test_shipped_rule_fires_and_alertmanager_webhook_captures_the_job(
-        jax_job: Workload, tmp_path: Path) -> None:  # noqa: F811
+        jax_job: Workload, tmp_path: Path) -> None:
     pid = jax_job.proc.pid
     scenario_path = tmp_path / "e2e-rules-xid.yaml"
     scenario_path.write_text(scenario(pid))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from agent_process import run_agent
-from test_capture_service import jax_job, scenario_for  # noqa: F401  (jax_job is a fixture)
-from test_capture_tsl import Workload
+from capturing import Workload
+from test_capture_service import scenario_for
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +36,7 @@ def webhook(instance: str, **labels: str) -> bytes:
                        }).encode()
 
 
-def test_webhook_triggers_a_capture_of_the_gpus_job(jax_job: Workload, tmp_path: Path) -> None:  # noqa: F811
+def test_webhook_triggers_a_capture_of_the_gpus_job(jax_job: Workload, tmp_path: Path) -> None:
     scenario = tmp_path / "node.yaml"
     scenario.write_text(scenario_for(jax_job.proc.pid))
     config = tmp_path / "gpuscope.yml"

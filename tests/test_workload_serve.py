@@ -5,94 +5,33 @@ Profile RPC with a plain gRPC client, as the agent's TSL backend does."""
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import gzip
-import importlib.util
 import json
-import os
-import queue
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
+from capturing import TORCH_WORKLOAD, DirectoryStaging, Workload, require_torch, start, stop, wait_ready
 
 from gpuscope.generated.tsl import profiler_options_pb2, profiler_service_pb2, profiler_service_pb2_grpc
 
-WORKLOAD = Path(__file__).resolve().parent / "workloads" / "torch_workload.py"
 OPS = {"aten::mm", "aten::addmm", "aten::relu"}
 BUSY = "Another profiling session active."
 
 
-def require_torch() -> None:
-    if importlib.util.find_spec("torch") is None:
-        message = "torch is not installed (pip install torch==2.13.0, the CPU wheel)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-
-
-@dataclass
-class Job:
-    proc: subprocess.Popen[str]
-    log: Path
-    port: int = 0
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-
-def start_job(tmp: Path, name: str, *args: str) -> Job:
-    log = tmp / f"{name}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("KINETO_USE_DAEMON", None)
-    with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, str(WORKLOAD), "--serve", "0", *args], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-    return Job(proc, log)
-
-
-def wait_ready(job: Job, timeout: float = 60.0) -> None:
-    lines: queue.Queue[str] = queue.Queue()
-    stdout = job.proc.stdout
-    assert stdout is not None
-
-    def read() -> None:
-        for _ in range(2):
-            lines.put(stdout.readline())
-
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        first = lines.get(timeout=timeout)
-        second = lines.get(timeout=timeout)
-    except queue.Empty:
-        first = second = ""
-    if not first.startswith("port ") or second.strip() != "ready":
-        raise AssertionError(f"torch job not ready (exit {job.proc.poll()}, {first!r} {second!r}):\n"
-                             f"{job.log.read_text()}")
-    job.port = int(first.split()[1])
-
-
-def stop(job: Job) -> None:
-    if job.proc.stdin is not None:
-        with contextlib.suppress(OSError):
-            job.proc.stdin.close()
-    try:
-        job.proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        job.proc.kill()
-        job.proc.wait(timeout=5)
+def start_job(tmp: Path, name: str, *args: str) -> Workload:
+    """A PyTorch training loop that serves the ProfilerService on a port of its choosing."""
+    return start(TORCH_WORKLOAD, tmp, name, "--serve", "0", *args, unset=("KINETO_USE_DAEMON",))
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Workload]]:
     """A training job, an idle one and one that profiles itself, each serving on a free port."""
     require_torch()
     tmp = tmp_path_factory.mktemp("serve")
@@ -129,7 +68,7 @@ def test_importing_gpuscope_workload_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_profile_returns_the_training_threads_ops(jobs: dict[str, Job]) -> None:
+def test_profile_returns_the_training_threads_ops(jobs: dict[str, Workload]) -> None:
     started = time.monotonic()
     response = profile(jobs["busy"].address, 1000)
     elapsed = time.monotonic() - started
@@ -140,7 +79,7 @@ def test_profile_returns_the_training_threads_ops(jobs: dict[str, Job]) -> None:
     assert 1.0 <= elapsed < 10.0
 
 
-def test_a_second_concurrent_profile_is_busy(jobs: dict[str, Job]) -> None:
+def test_a_second_concurrent_profile_is_busy(jobs: dict[str, Workload]) -> None:
     outcomes: list[profiler_service_pb2.ProfileResponse | grpc.RpcError] = []
 
     def call() -> None:
@@ -162,13 +101,13 @@ def test_a_second_concurrent_profile_is_busy(jobs: dict[str, Job]) -> None:
     assert trace_names(responses[0]) >= OPS
 
 
-def test_an_idle_job_gives_an_empty_trace(jobs: dict[str, Job]) -> None:
+def test_an_idle_job_gives_an_empty_trace(jobs: dict[str, Workload]) -> None:
     response = profile(jobs["idle"].address, 300)
     assert response.empty_trace
     assert list(response.tool_data) == []
 
 
-def test_a_job_profiling_itself_is_busy(jobs: dict[str, Job]) -> None:
+def test_a_job_profiling_itself_is_busy(jobs: dict[str, Workload]) -> None:
     started = time.monotonic()
     with pytest.raises(grpc.RpcError) as raised:
         profile(jobs["self"].address, 1000)
@@ -223,14 +162,14 @@ def test_serve_in_process_port_stop_and_limits() -> None:
     assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def test_the_agents_backend_stores_the_chrome_trace(jobs: dict[str, Job], tmp_path: Path) -> None:
+def test_the_agents_backend_stores_the_chrome_trace(jobs: dict[str, Workload], tmp_path: Path) -> None:
     # The agent captures a serve() job like a JAX job (TSL backend over TCP) and stores its trace.
     from gpuscope.capture.model import CaptureTarget
     from gpuscope.capture.tsl import TslProfilerBackend
 
     job = jobs["busy"]
-    result = TslProfilerBackend().capture(CaptureTarget("tsl", job.proc.pid, job.address), 1.0, tmp_path,
-                                          run="run1", deadline_s=30.0)
+    result = TslProfilerBackend().capture(CaptureTarget("tsl", job.proc.pid, job.address), 1.0,
+                                          DirectoryStaging(tmp_path), deadline_s=30.0)
     assert result.outcome == "captured", result.error
     (name,) = result.files
     assert name.endswith(".pt.trace.json.gz") and "/" not in name

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Protocol
+
+from gpuscope.common.unixfs import NewFile
 
 # captured: a trace was stored. busy: the target was already profiling (another session).
 # empty: the target answered with an empty trace (it was idle). unreachable: no answer within the
@@ -14,6 +15,17 @@ from typing import Any, Literal, Protocol
 Outcome = Literal["captured", "busy", "empty", "unreachable", "refused", "failed"]
 TargetKind = Literal["tsl", "kineto"]  # tsl: TensorFlow/JAX ProfilerService; kineto: PyTorch on-demand
 TriggerKind = Literal["alert", "user", "webhook", "fleet"]
+MAX_ERROR_CHARS = 500  # an outcome's error message (from a target, a protocol) is clipped to this
+
+
+class CaptureError(Exception):
+    """Base of the capture subsystem's errors (the store, ids and records, the Kineto daemon, the
+    Alertmanager webhook): what the CLI and the API turn into a one-line message."""
+
+
+def clip_error(text: str) -> str:
+    """An error message from outside (a target's, a protocol's), clipped to MAX_ERROR_CHARS."""
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 1] + "…"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,14 +51,42 @@ class BackendResult:
     error: str | None = None
 
 
+class StagingArea(Protocol):
+    """Where a backend writes one capture's files: a private directory of the store (its Staging)."""
+
+    @property
+    def run(self) -> str:
+        """The TensorBoard run name of this capture's traces."""
+        ...
+
+    def new_file(self, stem: str, suffix: str, *, folders: tuple[str, ...] = ()) -> NewFile:
+        """A file ``<folders>/<stem>[-N]<suffix>`` to write and then publish (``NewFile.publish``
+        returns its path relative to the capture); unpublished, it is removed."""
+        ...
+
+
 class CaptureBackend(Protocol):
     """One profiler protocol. ``capture`` blocks for about ``duration_s`` plus protocol overhead, never
-    longer than ``deadline_s``, and writes its files under ``staging`` (a private directory)."""
+    longer than ``deadline_s``, writes its files into ``staging`` and returns an outcome: it never
+    raises."""
 
     kind: TargetKind
 
-    def capture(self, target: CaptureTarget, duration_s: float, staging: Path, *, run: str,
+    def capture(self, target: CaptureTarget, duration_s: float, staging: StagingArea, *,
                 deadline_s: float) -> BackendResult: ...
+
+
+def request_problem(target: CaptureTarget, kind: TargetKind, duration_s: float,
+                    deadline_s: float) -> str | None:
+    """Why a backend of ``kind`` cannot take this request (None when it can): checked before any
+    target is contacted."""
+    if target.kind != kind or (target.address is None if kind == "tsl" else target.pid is None):
+        return f"not a {kind} target: {target.describe()}"
+    if not duration_s > 0:
+        return f"the capture length ({duration_s:g} s) must be positive"
+    if not deadline_s > duration_s:
+        return f"the deadline ({deadline_s:g} s) must exceed the capture length ({duration_s:g} s)"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from gpuscope.capture.model import CaptureRecord
+from gpuscope.capture.model import CaptureError, CaptureRecord
 
 RECORD_FILE = "capture.json"
 RECORD_VERSION = 1
@@ -27,11 +27,11 @@ CAPTURE_ID = re.compile(r"[0-9]{8}T[0-9]{6}Z-(?:gpu[0-9]{1,4}|pid[0-9]{1,10}|nod
 MAX_ID_LENGTH = 48
 
 
-class CaptureIdError(ValueError):
+class CaptureIdError(CaptureError, ValueError):
     """A capture id from outside (API, URL, file name) that is not one the store generates."""
 
 
-class CaptureRecordError(ValueError):
+class CaptureRecordError(CaptureError, ValueError):
     """A capture.json that cannot be read back as a CaptureRecord."""
 
 

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 
 from gpuscope.alerts.model import Transition
 from gpuscope.capture.model import (
@@ -32,7 +31,13 @@ from gpuscope.capture.model import (
     best_outcome,
 )
 from gpuscope.capture.policy import CapturePolicy, Decision
-from gpuscope.capture.store import CaptureQuotaError, CaptureStore, CaptureStoreError, new_capture_id
+from gpuscope.capture.store import (
+    CaptureQuotaError,
+    CaptureStore,
+    CaptureStoreError,
+    Staging,
+    new_capture_id,
+)
 from gpuscope.capture.targets import TargetResolver
 from gpuscope.snapshot import GpuReading, Snapshot
 
@@ -91,10 +96,6 @@ class CaptureService:
             record = self._refused(request, "too many captures queued; this trigger was dropped")
             future.set_result(record)
         return future
-
-    def capture(self, request: CaptureRequest, timeout: float | None = None) -> CaptureRecord:
-        """Queue a capture and wait for its record (user, fleet and control API requests)."""
-        return self.submit(request).result(timeout)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -162,7 +163,7 @@ class CaptureService:
             if request.start_at is not None:  # fleet: start with the other nodes
                 time.sleep(max(0.0, min(request.start_at - self._wall_clock(), 60.0)))
             start = self._wall_clock()
-            outcomes = tuple(self._run_backend(t, decision, staging.path, staging.run) for t in targets)
+            outcomes = tuple(self._run_backend(t, decision, staging) for t in targets)
             record = self._record(request, best_outcome([o.outcome for o in outcomes]), gpu=gpu, pids=pids,
                                   targets=outcomes, start=start, duration_s=decision.duration_s,
                                   capture_id=staging.id,
@@ -185,13 +186,12 @@ class CaptureService:
                  ", ".join(o.target.describe() for o in record.targets))
         return record
 
-    def _run_backend(self, target: CaptureTarget, decision: Decision, staging_path: Path,
-                     run: str) -> TargetOutcome:
+    def _run_backend(self, target: CaptureTarget, decision: Decision, staging: Staging) -> TargetOutcome:
         backend = self._backends.get(target.kind)
         if backend is None:
             return TargetOutcome(target, "failed", error=f"no {target.kind} backend in this agent")
-        result: BackendResult = backend.capture(target, decision.duration_s, staging_path,
-                                                run=run, deadline_s=decision.duration_s + self._margin)
+        result: BackendResult = backend.capture(target, decision.duration_s, staging,
+                                                deadline_s=decision.duration_s + self._margin)
         return TargetOutcome(target, result.outcome, result.files, result.error)
 
     def _gpu(self, request: CaptureRequest) -> GpuReading | None:

@@ -35,9 +35,7 @@ import errno
 import fcntl
 import logging
 import os
-import re
 import secrets
-import shutil
 import stat
 import threading
 import time
@@ -45,8 +43,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpuscope.capture.model import CaptureRecord, Outcome
+from gpuscope.capture.model import CaptureError, CaptureRecord, Outcome
 from gpuscope.capture.records import (
+    MAX_RECORD_BYTES,
     RECORD_FILE,
     CaptureIdError,
     CaptureRecordError,
@@ -55,6 +54,16 @@ from gpuscope.capture.records import (
     record_to_bytes,
 )
 from gpuscope.common.sizes import format_size
+from gpuscope.common.unixfs import (
+    NewFile,
+    UnsafePathError,
+    fsync_path,
+    private_directory,
+    read_bounded,
+    remove_tree,
+    safe_file_name,
+    write_new_file,
+)
 
 __all__ = [
     "CaptureIdError",
@@ -66,17 +75,16 @@ __all__ = [
     "StoredFile",
 ]
 
-_log = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 STAGING_DIR = ".staging"
 TRASH_DIR = ".trash"
 LOCK_FILE = ".lock"
 MAX_DEPTH = 16  # directory levels inside one capture (plugins/profile/<run>/ is 3)
 MAX_FILES = 10_000  # files inside one capture
-_HOST_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
-class CaptureStoreError(Exception):
+class CaptureStoreError(CaptureError):
     """The store cannot do what was asked; the message says why."""
 
 
@@ -97,12 +105,6 @@ class StoredFile:
     size: int
 
 
-def safe_host(host: str) -> str:
-    """A host name usable as a file name part: [A-Za-z0-9._-], no leading dot, at most 64 characters."""
-    name = _HOST_CHARS.sub("_", host).lstrip(".")[:64]
-    return name or "host"
-
-
 class Staging:
     """A capture in progress: a private directory the backends write into, until commit or abort."""
 
@@ -119,18 +121,14 @@ class Staging:
         """The TensorBoard run name of this capture's traces (the capture id: it sorts by time)."""
         return self.id
 
-    @property
-    def profile_dir(self) -> Path:
-        """``plugins/profile/<run>``: where TensorBoard/XProf looks for ``<host>.xplane.pb``."""
-        return self.path / "plugins" / "profile" / self.run
-
-    def xplane_path(self, host: str) -> Path:
-        """Where a TensorFlow/JAX backend writes the XSpace of ``host`` (directories not created)."""
-        return self.profile_dir / f"{safe_host(host)}.xplane.pb"
-
-    def kineto_trace_path(self, host: str, pid: int) -> Path:
-        """Where a PyTorch backend puts the Kineto trace of ``pid`` (TensorBoard's torch plugin name)."""
-        return self.path / f"{safe_host(host)}_{pid}.{round(self.begun * 1000)}.pt.trace.json.gz"
+    def new_file(self, stem: str, suffix: str, *, folders: tuple[str, ...] = ()) -> NewFile:
+        """A file ``<folders>/<stem>[-N]<suffix>`` of this capture, for a backend to fill and then
+        ``publish()`` (atomically, never replacing a file; its path relative to the capture is
+        returned). Left unpublished, it is removed. ``folders`` and ``stem`` must be plain names."""
+        for part in (*folders, stem + suffix):
+            if not part or part != safe_file_name(part, limit=255, default=""):
+                raise CaptureStoreError(f"{part!r} is not a plain file or folder name")
+        return NewFile(self.path.joinpath(*folders), stem, suffix, relative_to=self.path)
 
     def __repr__(self) -> str:
         return f"Staging({self.id!r})"
@@ -205,22 +203,18 @@ class CaptureStore:
     def _private_dir(self, name: str) -> Path:
         path = self.root / name
         try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
+            return private_directory(path)
+        except UnsafePathError as err:
+            raise CaptureStoreError(f"{err.strerror}; refusing to use it") from err
         except OSError as err:
             raise CaptureStoreError(f"cannot create {path}: {err.strerror or err}") from err
-        info = os.lstat(path)
-        if not stat.S_ISDIR(info.st_mode):
-            raise CaptureStoreError(f"{path} is not a directory (a symlink or a file); refusing to use it")
-        return path
 
     def _recover(self) -> None:
         """At start-up: drop leftovers of a crash (staging, trash, capture directories without a valid
         capture.json) and index the complete captures. Entries not named like captures are left alone."""
         for leftover in (self._staging_root, self._trash):
             for entry in os.scandir(leftover):
-                _log.info("removing %s, left over from an interrupted capture", entry.path)
+                log.info("removing %s, left over from an interrupted capture", entry.path)
                 _remove(Path(entry.path))
         for entry in os.scandir(self.root):
             if entry.name.startswith("."):
@@ -228,24 +222,24 @@ class CaptureStore:
             try:
                 check_capture_id(entry.name)
             except CaptureIdError:
-                _log.warning("ignoring %s in the capture store: not a capture", entry.path)
+                log.warning("ignoring %s in the capture store: not a capture", entry.path)
                 continue
             path = Path(entry.path)
             if entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
-                _log.warning("removing %s from the capture store: not a directory (a symlink?)", path)
+                log.warning("removing %s from the capture store: not a directory (a symlink?)", path)
                 _remove(path)
                 continue
             try:
                 self._index[entry.name] = self._load(entry.name, path)
             except (CaptureStoreError, CaptureRecordError, OSError) as err:
-                _log.warning("removing %s from the capture store: %s", path, err)
+                log.warning("removing %s from the capture store: %s", path, err)
                 self._delete_dir(path)
 
     def _load(self, capture_id: str, path: Path) -> _Entry:
         files, disk_bytes = _scan(path)
         if not any(f.relative == RECORD_FILE for f in files):
             raise CaptureStoreError(f"no {RECORD_FILE}")
-        record = record_from_bytes(_read_nofollow(path / RECORD_FILE))
+        record = record_from_bytes(read_bounded(path / RECORD_FILE, MAX_RECORD_BYTES))
         if record.id != capture_id:
             raise CaptureStoreError(f"{RECORD_FILE} names capture {record.id!r}, not {capture_id!r}")
         return _Entry(record, disk_bytes)
@@ -320,9 +314,9 @@ class CaptureStore:
                 "other capture was evicted")
         try:
             for f in data:
-                _fsync_path(f.path, directory=False)
+                fsync_path(f.path, directory=False)
             for directory in _directories(staging.path):
-                _fsync_path(directory, directory=True)
+                fsync_path(directory, directory=True)
             _write_record(staging.path / RECORD_FILE, payload)
         except OSError as err:
             raise CaptureStoreError(f"cannot write capture {record.id}: {err.strerror or err}") from err
@@ -332,8 +326,8 @@ class CaptureStore:
             target = self.root / staging.id
             try:
                 os.rename(staging.path, target)
-                _fsync_path(self.root, directory=True)
-                _fsync_path(self._staging_root, directory=True)
+                fsync_path(self.root, directory=True)
+                fsync_path(self._staging_root, directory=True)
             except OSError as err:
                 raise CaptureStoreError(f"cannot publish capture {record.id}: {err.strerror or err}") from err
             self._index[staging.id] = _Entry(final, size)
@@ -346,7 +340,7 @@ class CaptureStore:
         for entry in oldest_first:
             if total + size <= self.quota_bytes:
                 break
-            _log.info("evicting capture %s (%s) to stay within the quota", entry.record.id,
+            log.info("evicting capture %s (%s) to stay within the quota", entry.record.id,
                       format_size(entry.disk_bytes))
             self._delete(entry.record.id)
             total -= entry.disk_bytes
@@ -371,7 +365,7 @@ class CaptureStore:
         except FileNotFoundError:
             return
         except OSError as err:
-            _log.warning("cannot move %s to %s: %s; removing it in place", path, trash, err)
+            log.warning("cannot move %s to %s: %s; removing it in place", path, trash, err)
             trash = path
         _remove(trash)
 
@@ -480,44 +474,15 @@ def _directories(top: Path) -> Iterator[Path]:
         yield Path(dirpath)
 
 
-def _fsync_path(path: Path, *, directory: bool) -> None:
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if directory else 0)
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_record(path: Path, payload: bytes) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # a backend's stray capture.json (never a link: _scan refused those)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
-    try:
-        view = memoryview(payload)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_nofollow(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        return f.read(2 << 20)
+    write_new_file(path, payload, mode=0o640)
 
 
 def _remove(path: Path) -> None:
     """Remove a file, a link (not its target) or a directory tree (links inside removed, not followed)."""
     try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return
-    try:
-        if stat.S_ISDIR(info.st_mode):
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
+        remove_tree(path)
     except OSError as err:
-        _log.warning("cannot remove %s: %s", path, err)
+        log.warning("cannot remove %s: %s", path, err)

@@ -16,17 +16,21 @@ keep it as bytes (a second of capture is several MiB), and written byte for byte
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import tempfile
 import time
-from pathlib import Path
 
 import grpc
 
-from gpuscope.capture.model import BackendResult, CaptureTarget, TargetKind
+from gpuscope.capture.model import (
+    BackendResult,
+    CaptureTarget,
+    StagingArea,
+    TargetKind,
+    clip_error,
+    request_problem,
+)
 from gpuscope.common.addresses import AddressError, HostPort, parse_host_port
+from gpuscope.common.unixfs import safe_file_name
 from gpuscope.generated.tsl import profiler_options_pb2, profiler_service_pb2, views_pb2
 
 PROFILE_METHOD = "/tensorflow.ProfilerService/Profile"
@@ -35,11 +39,9 @@ TORCH_TRACE_SUFFIX = ".pt.trace.json.gz"  # what gpuscope.workload.serve returns
 PROFILE_DIR = ("plugins", "profile")  # under a TensorBoard logdir
 # Where a server that ignores emit_xspace (an old TensorFlow) writes the trace on its own filesystem.
 DEFAULT_REPOSITORY_ROOT = "/tmp/gpuscope/plugins/profile"
-MAX_ERROR_CHARS = 500
 _BUSY_MESSAGES = ("another profiling session", "session active", "already profiling")
 _BUSY_CODES = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS)
 _UNREACHABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-_UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 # gRPC's other name resolvers: a target like "unix:/path", "dns:///host:port" or "ipv4:1.2.3.4:5".
 # ("dns:6009" stays the host "dns", port 6009.)
 _GRPC_SCHEME = re.compile(r"(?:unix|unix-abstract|vsock|dns|ipv4|ipv6|xds):(?!\d+$)|[a-z][a-z0-9+.-]*://",
@@ -60,12 +62,6 @@ def parse_target(address: str) -> HostPort:
         raise AddressError(f"profiler {err}") from None
 
 
-def safe_name(text: str, limit: int = 100) -> str:
-    """A file name made of ``[A-Za-z0-9._-]`` only, never hidden, empty, ``.`` or ``..``."""
-    name = _UNSAFE_NAME_CHARS.sub("_", text).lstrip(".-")[:limit]
-    return name or "host"
-
-
 class TslProfilerBackend:
     """CaptureBackend for TSL profiler servers (TensorFlow, JAX). Stateless and thread-safe: one
     instance serves concurrent captures of different targets."""
@@ -79,13 +75,13 @@ class TslProfilerBackend:
         self.device_tracer_level = device_tracer_level
         self.repository_root = repository_root
 
-    def capture(self, target: CaptureTarget, duration_s: float, staging: Path, *, run: str,
+    def capture(self, target: CaptureTarget, duration_s: float, staging: StagingArea, *,
                 deadline_s: float) -> BackendResult:
         """Profiles ``target`` for ``duration_s``; never raises, never blocks past ``deadline_s``."""
         try:
-            return self._capture(target, duration_s, staging, run=run, deadline_s=deadline_s)
+            return self._capture(target, duration_s, staging, deadline_s=deadline_s)
         except Exception as err:  # the contract: an outcome, never an exception
-            return BackendResult("failed", error=_clip(f"{type(err).__name__}: {err}"))
+            return BackendResult("failed", error=clip_error(f"{type(err).__name__}: {err}"))
 
     def request(self, address: HostPort, duration_ms: int, run: str) -> profiler_service_pb2.ProfileRequest:
         """The Profile request: the length in both fields (servers read ``opts.duration_ms``)."""
@@ -95,30 +91,27 @@ class TslProfilerBackend:
             duration_ms=duration_ms)
         return profiler_service_pb2.ProfileRequest(
             duration_ms=duration_ms, tools=["xplane"], opts=options, emit_xspace=True,
-            repository_root=self.repository_root, session_id=run, host_name=safe_name(address.host))
+            repository_root=self.repository_root, session_id=run, host_name=safe_file_name(address.host))
 
-    def _capture(self, target: CaptureTarget, duration_s: float, staging: Path, *, run: str,
+    def _capture(self, target: CaptureTarget, duration_s: float, staging: StagingArea, *,
                  deadline_s: float) -> BackendResult:
-        if target.kind != "tsl" or not target.address:
-            return BackendResult("failed", error=f"not a TSL profiler target: {target.describe()}")
+        problem = request_problem(target, "tsl", duration_s, deadline_s)
+        if problem is not None or target.address is None:
+            return BackendResult("failed", error=problem)
         try:
             address = parse_target(target.address)
-        except ValueError as err:
+        except AddressError as err:
             return BackendResult("failed", error=str(err))
-        if run in ("", ".", "..") or safe_name(run, limit=255) != run:
+        run = staging.run
+        if not run or safe_file_name(run, limit=255, default="") != run:
             return BackendResult("failed", error=f"run name {run!r} is not a plain file name")
-        if not duration_s > 0:
-            return BackendResult("failed", error=f"the capture length ({duration_s:g} s) must be positive")
-        if not deadline_s > duration_s:
-            return BackendResult("failed", error=f"the deadline ({deadline_s:g} s) must exceed the "
-                                                 f"capture length ({duration_s:g} s)")
         duration_ms = max(1, round(duration_s * 1000))
         started = time.monotonic()
         try:
             response = self._profile(address, self.request(address, duration_ms, run), deadline_s)
         except grpc.RpcError as err:
             return _rpc_error(err, deadline_s, time.monotonic() - started)
-        return self._store(response, address, target, staging, run)
+        return self._store(response, address, target, staging)
 
     def _profile(self, address: HostPort, request: profiler_service_pb2.ProfileRequest,
                  deadline_s: float) -> views_pb2.ProfileResponseView:
@@ -135,7 +128,7 @@ class TslProfilerBackend:
             return response
 
     def _store(self, response: views_pb2.ProfileResponseView, address: HostPort, target: CaptureTarget,
-               staging: Path, run: str) -> BackendResult:
+               staging: StagingArea) -> BackendResult:
         if response.empty_trace:
             return BackendResult("empty")
         data = response.xspace
@@ -144,8 +137,8 @@ class TslProfilerBackend:
                       b"")
         if not data and chrome:
             # gpuscope.workload.serve (PyTorch) answers with a gzip Chrome trace, not an XSpace.
-            relative = _write_new(staging, (), f"{safe_name(address.host)}_{where}", chrome,
-                                  TORCH_TRACE_SUFFIX)
+            relative = _write(staging, (), f"{safe_file_name(address.host)}_{where}", chrome,
+                              TORCH_TRACE_SUFFIX)
             return BackendResult("captured", files=(relative,))
         if not data:  # a server without emit_xspace support may return the file as tool data
             data = next((tool.data for tool in response.tool_data if tool.name.endswith("xplane.pb")), b"")
@@ -157,11 +150,11 @@ class TslProfilerBackend:
         if not space.planes:
             return BackendResult("empty")
         hostname = space.hostnames[0].decode(errors="replace") if space.hostnames else address.host
-        relative = _write_new(staging, (*PROFILE_DIR, run), f"{safe_name(hostname)}_{where}", data,
-                              XPLANE_SUFFIX)
+        relative = _write(staging, (*PROFILE_DIR, staging.run), f"{safe_file_name(hostname)}_{where}", data,
+                          XPLANE_SUFFIX)
         errors = [e.decode(errors="replace") for e in space.errors]
         return BackendResult("captured", files=(relative,),
-                             error=_clip("profiler reported: " + "; ".join(errors)) if errors else None)
+                             error=clip_error("profiler reported: " + "; ".join(errors)) if errors else None)
 
 
 def _rpc_error(err: grpc.RpcError, deadline_s: float, elapsed_s: float) -> BackendResult:
@@ -169,46 +162,18 @@ def _rpc_error(err: grpc.RpcError, deadline_s: float, elapsed_s: float) -> Backe
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     details = (err.details() if hasattr(err, "details") else None) or str(err)
     if any(text in details.lower() for text in _BUSY_MESSAGES) or code in _BUSY_CODES:
-        return BackendResult("busy", error=_clip(details))
+        return BackendResult("busy", error=clip_error(details))
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return BackendResult("unreachable", error=f"no answer within the deadline ({deadline_s:g} s, "
                                                   f"waited {elapsed_s:.1f} s)")
     if code in _UNREACHABLE_CODES:
-        return BackendResult("unreachable", error=_clip(details))
+        return BackendResult("unreachable", error=clip_error(details))
     if code == grpc.StatusCode.UNIMPLEMENTED:
-        return BackendResult("failed", error=_clip(f"not a TSL profiler server: {details}"))
-    return BackendResult("failed", error=_clip(f"{code.name}: {details}"))
+        return BackendResult("failed", error=clip_error(f"not a TSL profiler server: {details}"))
+    return BackendResult("failed", error=clip_error(f"{code.name}: {details}"))
 
 
-def _write_new(staging: Path, folders: tuple[str, ...], stem: str, data: bytes, suffix: str) -> str:
-    """Writes ``data`` to a new file ``<folders>/<stem>[-N]<suffix>`` under ``staging``, atomically
-    (a temporary file, then a hard link that never replaces an existing file); the path relative to
-    ``staging``."""
-    directory = staging.joinpath(*folders)
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        for attempt in range(1, 1000):
-            name = f"{stem}{suffix}" if attempt == 1 else f"{stem}-{attempt}{suffix}"
-            final = directory / name
-            try:
-                os.link(temporary, final)
-            except FileExistsError:
-                continue
-            except OSError:  # a filesystem without hard links: check, then rename
-                if final.exists():
-                    continue
-                os.replace(temporary, final)
-            return "/".join((*folders, name))
-        raise FileExistsError(f"{directory}: too many files named {stem}*{suffix}")
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 1] + "…"
+def _write(staging: StagingArea, folders: tuple[str, ...], stem: str, data: bytes, suffix: str) -> str:
+    with staging.new_file(stem, suffix, folders=folders) as new:
+        new.file.write(data)
+        return new.publish()

@@ -17,14 +17,14 @@ from typing import Any
 
 import psutil
 
-from gpuscope.capture.model import Trigger
+from gpuscope.capture.model import CaptureError, Trigger
 from gpuscope.capture.service import CaptureRequest
 
 MAX_BODY_BYTES = 1 << 20  # Alertmanager groups are small; a larger body is not a webhook
 MAX_ALERTS = 1000
 
 
-class WebhookError(ValueError):
+class WebhookError(CaptureError, ValueError):
     """A payload that is not a valid Alertmanager v4 webhook; the message says why."""
 
 

@@ -30,8 +30,9 @@ from gpuscope.capture.config import MAX_DURATION_SECONDS
 from gpuscope.capture.records import CaptureIdError, check_capture_id
 from gpuscope.common.durations import format_duration, parse_duration
 from gpuscope.common.sizes import format_size
-from gpuscope.control.client import ControlClient, ControlError
+from gpuscope.control.client import ControlClient
 from gpuscope.control.config import DEFAULT_SOCKET
+from gpuscope.control.errors import ControlError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 DEFAULT_LEAD_S = 2.0  # a fleet capture starts this long after the command: time to reach every agent

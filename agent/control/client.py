@@ -30,7 +30,9 @@ import grpc
 
 from gpuscope.capture.records import CaptureIdError, CaptureRecordError, check_capture_id, check_relative_path
 from gpuscope.common.addresses import AddressError, parse_host_port
+from gpuscope.control.auth import read_token
 from gpuscope.control.config import DEFAULT_SOCKET
+from gpuscope.control.errors import ControlError
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 10.0  # calls other than Capture and GetCapture
@@ -41,15 +43,6 @@ MAX_PATH_CHARS = 1024
 MAX_PATH_DEPTH = 17  # the store allows 16 directory levels inside a capture
 MAX_NAME_BYTES = 255
 MAX_FILES = 10_000
-
-
-class ControlError(Exception):
-    """A control API call that failed. ``usage``: the request was wrong (CLI exit 2), else exit 1."""
-
-    def __init__(self, message: str, *, code: grpc.StatusCode | None = None, usage: bool = False) -> None:
-        super().__init__(message)
-        self.code = code
-        self.usage = usage
 
 
 def is_socket_address(address: str | Path) -> bool:
@@ -84,7 +77,7 @@ class ControlClient:
                 if token_file is None:
                     raise ControlError(f"the agent at {address} is reached over TCP, which needs a bearer "
                                        "token: pass --token-file", usage=True)
-                token = _read_client_token(token_file)
+                token = read_token(token_file)
             if (tls_cert is None) != (tls_key is None):
                 raise ControlError("a client certificate needs both --tls-cert and --tls-key", usage=True)
             credentials = grpc.composite_channel_credentials(
@@ -212,18 +205,6 @@ def _read_file(path: Path, what: str) -> bytes:
         return path.read_bytes()
     except OSError as err:
         raise ControlError(f"cannot read the {what} {path}: {err.strerror or err}", usage=True) from None
-
-
-def _read_client_token(path: Path) -> str:
-    data = _read_file(path, "token file")
-    try:
-        token = data.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise ControlError(f"the token in {path} is not ASCII", usage=True) from None
-    if not token or any(not c.isprintable() or c.isspace() for c in token):
-        raise ControlError(f"the token file {path} is empty or holds spaces or control characters",
-                           usage=True)
-    return token
 
 
 def _json(data: bytes, what: str) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hmac
 import json
 import logging
 import math
@@ -29,7 +28,6 @@ import os
 import secrets
 import shutil
 import socket
-import stat
 import tempfile
 import threading
 import time
@@ -50,10 +48,21 @@ from gpuscope.capture.tsl import parse_target
 from gpuscope.common.addresses import format_host_port, parse_host_port
 from gpuscope.common.config_types import MAX_UNIX_SOCKET_PATH_BYTES
 from gpuscope.common.durations import format_duration
+from gpuscope.common.unixfs import (
+    SocketInUseError,
+    UnsafePathError,
+    clear_stale_socket,
+    ensure_directory,
+    file_identity,
+    read_bounded,
+    same_file,
+)
+from gpuscope.control.auth import MIN_TOKEN_CHARS, BearerTokenInterceptor, read_token
 from gpuscope.control.config import (
     ControlConfig,
     TcpConfig,
 )
+from gpuscope.control.errors import ControlError, ControlServerError
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
 from gpuscope.snapshot import Snapshot
 
@@ -70,14 +79,9 @@ _POLL_S = 0.2  # how often a waiting Capture call checks for a stop or a vanishe
 DEFAULT_LIST_LIMIT = 100
 MAX_LIST_LIMIT = 10_000
 MAX_REASON_CHARS = 200
-MIN_TOKEN_CHARS = 16
-MAX_TOKEN_BYTES = 4096
+MAX_PEM_BYTES = 1 << 20  # a certificate chain, a key or a CA bundle
 # A Capture call without a deadline waits this long at most for its record (the capture goes on).
 DEFAULT_CAPTURE_WAIT_S = MAX_START_DELAY_S + MAX_DURATION_SECONDS + 120.0
-
-
-class ControlServerError(Exception):
-    """The control API cannot start; the message names the path or address and why."""
 
 
 # -- the methods ----------------------------------------------------------------------------------------
@@ -259,89 +263,6 @@ def _chunks(relative: str, f: Any) -> Iterator[agent_pb2.FileChunk]:
         data = following
 
 
-# -- bearer tokens ----------------------------------------------------------------------------------------
-
-
-def read_token(path: Path) -> str:
-    """The bearer token in ``path`` (surrounding whitespace dropped); ControlServerError if unusable.
-    The token itself never appears in a message."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            info = os.fstat(f.fileno())
-            raw = f.read(MAX_TOKEN_BYTES + 1)
-    except OSError as err:
-        raise ControlServerError(f"cannot read the control API token file {path}: "
-                                 f"{err.strerror or err}") from err
-    if len(raw) > MAX_TOKEN_BYTES:
-        raise ControlServerError(f"the control API token file {path} is larger than {MAX_TOKEN_BYTES} bytes")
-    try:
-        token = raw.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise ControlServerError(f"the control API token in {path} is not ASCII") from None
-    if len(token) < MIN_TOKEN_CHARS:
-        raise ControlServerError(f"the control API token in {path} is shorter than {MIN_TOKEN_CHARS} "
-                                 "characters; use a random one, e.g. `openssl rand -hex 32`")
-    if any(not c.isprintable() or c.isspace() for c in token):
-        raise ControlServerError(f"the control API token in {path} contains spaces or control characters")
-    if stat.S_IMODE(info.st_mode) & 0o004:
-        log.warning("the control API token file %s is readable by every user; make it 0600 or 0640", path)
-    return token
-
-
-def bearer_matches(metadata: Any, token: bytes) -> bool:
-    """Whether call metadata holds ``authorization: Bearer <token>`` (constant-time comparison)."""
-    for key, value in metadata or ():
-        if key != "authorization":
-            continue
-        text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
-        scheme, _, credentials = text.strip().partition(" ")
-        offered = credentials.strip().encode("utf-8", "replace")
-        return scheme.lower() == "bearer" and hmac.compare_digest(offered, token)
-    return False
-
-
-class _BearerTokenInterceptor(grpc.ServerInterceptor):
-    """Lets a call through only with the right bearer token; UNAUTHENTICATED before the method runs."""
-
-    _LOG_EVERY_S = 10.0
-
-    def __init__(self, token: str) -> None:
-        self._token = token.encode()
-        self._lock = threading.Lock()
-        self._refused = 0
-        self._logged_at = -math.inf
-
-    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        handler = continuation(details)
-        if handler is None or bearer_matches(details.invocation_metadata, self._token):
-            return handler
-        self._note_refusal(details.method)
-
-        def deny(request: Any, context: grpc.ServicerContext) -> Any:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong bearer token: send 'authorization: Bearer <token>' with the "
-                          "token of the agent's control.tcp.token_file")
-
-        if handler.response_streaming:
-            def deny_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                deny(request, context)
-                yield from ()
-
-            return grpc.unary_stream_rpc_method_handler(deny_stream)
-        return grpc.unary_unary_rpc_method_handler(deny)
-
-    def _note_refusal(self, method: str) -> None:
-        with self._lock:
-            self._refused += 1
-            now = time.monotonic()
-            if now - self._logged_at < self._LOG_EVERY_S:
-                return
-            self._logged_at, count, self._refused = now, self._refused, 0
-        log.warning("control API: refused %d call(s) without a valid bearer token (latest: %s)",
-                    count, method)
-
-
 # -- the server -------------------------------------------------------------------------------------------
 
 
@@ -417,7 +338,7 @@ class ControlServer:
                 if bind_path != path:
                     os.link(bind_path, path)
                     os.unlink(bind_path)
-                info = os.lstat(path)
+                identity = file_identity(path)
             except OSError as err:
                 server.stop(0)
                 if err.errno == errno.EEXIST:
@@ -427,26 +348,25 @@ class ControlServer:
                                          f"{err.strerror or err}") from err
         finally:
             shutil.rmtree(private, ignore_errors=True)
-        self._socket_inode = (info.st_dev, info.st_ino)
+        self._socket_inode = identity
         server.start()
         self._servers.append(server)
 
     def _remove_socket(self) -> None:
         """Unlink the socket if it is still the one this server made (never another agent's)."""
-        ours = self._socket_inode
-        self._socket_inode = None
-        if ours is None:
-            return
-        with contextlib.suppress(OSError):
-            info = os.lstat(self._config.socket)
-            if (info.st_dev, info.st_ino) == ours:
+        ours, self._socket_inode = self._socket_inode, None
+        if same_file(self._config.socket, ours):
+            with contextlib.suppress(OSError):
                 os.unlink(self._config.socket)
 
     # -- TCP -----------------------------------------------------------------------------------------------
 
     def _start_tcp(self, tcp: TcpConfig) -> None:
         assert tcp.listen_address and tcp.tls_cert_file and tcp.tls_key_file and tcp.token_file
-        token = read_token(tcp.token_file)
+        try:
+            token = read_token(tcp.token_file, min_chars=MIN_TOKEN_CHARS, what="control API token file")
+        except ControlError as err:
+            raise ControlServerError(str(err)) from None
         cert = _read_pem(tcp.tls_cert_file, "TLS certificate")
         key = _read_pem(tcp.tls_key_file, "TLS private key")
         client_ca = None if tcp.client_ca_file is None else _read_pem(tcp.client_ca_file, "client CA")
@@ -456,7 +376,7 @@ class ControlServer:
         except Exception as err:  # grpc raises plain errors for unusable PEM
             raise ControlServerError(f"cannot use the control API's TLS files: {err}") from err
         address = parse_host_port(tcp.listen_address, listen=True)
-        server = _grpc_server(self._tcp_servicer, interceptors=[_BearerTokenInterceptor(token)])
+        server = _grpc_server(self._tcp_servicer, interceptors=[BearerTokenInterceptor(token)])
         # ":port" listens on every interface: "[::]" is dual-stack for gRPC.
         self.tcp_port = _bind(server, format_host_port(address.host or "::", address.port),
                               what=f"control.tcp.listen_address {tcp.listen_address}",
@@ -492,50 +412,25 @@ def _prepare_socket_dir(path: Path) -> None:
     """Create the socket's directory (0750) and clear a stale socket; refuse anything else in the way."""
     parent = path.parent
     try:
-        parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        ensure_directory(parent, 0o750, parents_mode=0o755, follow_symlinks=True)
     except OSError as err:
-        raise ControlServerError(f"cannot create {parent}, the directory of the control socket {path}: "
+        raise ControlServerError(f"cannot use {parent}, the directory of the control socket {path}: "
                                  f"{err.strerror or err}") from err
-    if not parent.is_dir():
-        raise ControlServerError(f"{parent}, the directory of the control socket, is not a directory")
     try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return
+        if clear_stale_socket(path):
+            log.info("removed a stale control socket at %s", path)
+    except SocketInUseError:
+        raise ControlServerError(f"another process is serving on the control socket {path} "
+                                 "(another gpuscope agent?)") from None
+    except UnsafePathError as err:
+        raise ControlServerError(f"{err.strerror}: set control.socket to another path") from None
     except OSError as err:
         raise ControlServerError(f"cannot inspect the control socket {path}: {err.strerror or err}") from err
-    if not stat.S_ISSOCK(info.st_mode):
-        raise ControlServerError(f"{path} exists and is not a socket; refusing to replace it "
-                                 "(set control.socket to another path)")
-    if _socket_answers(path):
-        raise ControlServerError(f"another process is serving on the control socket {path} "
-                                 "(another gpuscope agent?)")
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as err:
-        raise ControlServerError(f"cannot remove the stale control socket {path}: "
-                                 f"{err.strerror or err}") from err
-    log.info("removed a stale control socket at %s", path)
-
-
-def _socket_answers(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            return False
-        except OSError as err:
-            raise ControlServerError(f"cannot tell whether the control socket {path} is in use: "
-                                     f"{err.strerror or err}") from err
-        return True
 
 
 def _read_pem(path: Path, what: str) -> bytes:
     try:
-        data = path.read_bytes()
+        data = read_bounded(path, MAX_PEM_BYTES, follow_symlinks=True)  # e.g. a Kubernetes Secret
     except OSError as err:
         raise ControlServerError(f"cannot read the control API's {what} {path}: "
                                  f"{err.strerror or err}") from err

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BeforeValidator, Field
 
+from gpuscope.common.config_types import Section
 from gpuscope.simulate.units import Fraction, PositiveDuration
 
 _MASK64 = (1 << 64) - 1
@@ -43,9 +44,7 @@ def noise_unit(stream: int, key: int) -> float:
     return (h & 0xFFFFFFFF) / 0xFFFFFFFF + (h >> 32) / 0xFFFFFFFF - 1.0
 
 
-class _Pattern(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class _Pattern(Section):
     noise: Fraction = Field(0.0, description="Peak jitter added to the level, +-noise.")
 
     def level_at(self, t: float) -> float:

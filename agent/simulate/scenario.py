@@ -12,9 +12,9 @@ from __future__ import annotations
 import itertools
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from gpuscope.common.config_types import ByteSize, Duration
+from gpuscope.common.config_types import ByteSize, Duration, Section
 from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
 from gpuscope.simulate.patterns import Pattern, SteadyPattern
 from gpuscope.simulate.units import Fraction, OptionalDuration, PositiveDuration
@@ -39,8 +39,8 @@ FailureCode = Literal["unknown", "not_supported", "timeout", "no_permission", "g
 MAX_COMM_NAME = 15  # Linux truncates a thread's comm name (what psutil's name() shows) to 15 chars
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+class _Model(Section):
+    model_config = ConfigDict(populate_by_name=True)  # "from" is a Python keyword: also as from_
 
 
 class DriverSpec(_Model):

@@ -1,7 +1,8 @@
-"""PyTorch captures: the agent acts as the node's Kineto on-demand daemon (the role dynolog plays).
+"""The node's Kineto on-demand daemon (the role dynolog plays): learns which PyTorch processes poll,
+and hands one of them a trace configuration when a capture asks for it.
 
-A PyTorch process started with ``KINETO_USE_DAEMON=1`` in its environment polls a daemon over a Unix
-datagram socket for a trace configuration. The protocol (measured against PyTorch 2.13, CPU wheel):
+A PyTorch process started with ``KINETO_USE_DAEMON=1`` polls the daemon over a Unix datagram socket
+(the wire format is in ``protocol``):
 
 * The daemon's address is the abstract name ``@dynolog`` *with* a trailing NUL byte (sun_path
   ``"\\0dynolog\\0"``, address length family + 9). With ``KINETO_IPC_SOCKET_DIR=<dir>`` in the process's
@@ -10,13 +11,7 @@ datagram socket for a trace configuration. The protocol (measured against PyTorc
   request right at ``import torch``, then every 5 s (``ON_DEMAND_CONFIG_UPDATE_INTERVAL_SECS`` in the
   process's ``KINETO_CONFIG`` file changes that). Without a daemon each poll retries for about 10 s
   and logs an error, so a process finds a daemon started later within about 15 s.
-* Request: header ``{size_t size; char type[32] = "req"}`` (40 bytes), body ``{int32 type; int32 n;
-  int64 jobid; int32 pids[n]}``: ``type`` is a bit set (1 events, 2 activities): 3 normally, 1 while
-  the process's activity profiler is busy (a trace running, or the script profiling itself with
-  ``torch.profiler``): then a trace config would be ignored. ``pids`` is the process then its
-  ancestors, as the process sees them (its PID namespace); ``jobid`` is ``SLURM_JOB_ID``.
-* Reply, on the client's socket: the same header (type ``"req"``) and a config text; empty means
-  nothing to do. The client waits about 50 ms for it (5 tries 10 ms apart, per Kineto's source); a
+* The reply waits about 50 ms on the client's side (5 tries 10 ms apart, per Kineto's source); a
   later reply stays queued and is read at the next poll.
 * With ``ACTIVITIES_LOG_FILE=<dir>/trace.json`` the process writes ``<dir>/trace_<pid>.json.tmp``
   (its own pid inserted before the first dot of the name) when the recording ends, fills it in a few
@@ -24,8 +19,6 @@ datagram socket for a trace configuration. The protocol (measured against PyTorc
   It never creates ``<dir>``. Measured on CPU: a 1 s trace is complete about 4 s after the poll that
   took the config (1 s recording, about 3 s writing); the default 5 s warm-up would add 5 s, so the
   agent asks for ``ACTIVITIES_WARMUP_PERIOD_SECS=0``.
-* GPU builds also send ``"ctxt"`` messages (``{int32 gpu; int32 pid; int64 jobid}``) when a CUDA
-  context is made, and wait for an ``int32`` reply (the number of processes on that GPU).
 
 The daemon identifies a process by the kernel's credentials of the sender (``SO_PASSCRED``), so the
 pid it knows is the one the agent sees (the host pid when the agent runs in the host PID namespace),
@@ -58,15 +51,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gzip
 import logging
 import os
 import re
 import secrets
-import shutil
 import socket
 import stat
-import struct
 import tempfile
 import threading
 import time
@@ -74,51 +64,48 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuscope.capture.model import BackendResult, CaptureTarget, TargetKind
-from gpuscope.capture.store import safe_host
+from gpuscope.capture.kineto.protocol import (
+    CLIENT_PREFIX,
+    DEFAULT_POLL_PERIOD_S,
+    DEFAULT_SOCKET_NAME,
+    MAX_DATAGRAM,
+    TRACE_NAME,
+    TYPE_CONTEXT,
+    TYPE_REQUEST,
+    UCRED,
+    ConfigRequest,
+    ContextMessage,
+    Credentials,
+    MalformedDatagram,
+    encode_context_reply,
+    encode_message,
+    parse_context,
+    parse_request,
+    sender_credentials,
+    split_message,
+    trace_config,
+)
+from gpuscope.capture.model import CaptureError
+from gpuscope.common.unixfs import (
+    SocketInUseError,
+    UnsafePathError,
+    clear_stale_socket,
+    ensure_directory,
+    file_identity,
+    remove_tree,
+    same_file,
+)
 
-__all__ = [
-    "KinetoBackend",
-    "KinetoBusyError",
-    "KinetoDaemon",
-    "KinetoDaemonError",
-    "KinetoUnreachableError",
-    "PendingTrace",
-    "Registration",
-]
+log = logging.getLogger(__name__)
 
-_log = logging.getLogger(__name__)
-
-DEFAULT_SOCKET_NAME = "dynolog"
-CLIENT_PREFIX = "dynoconfigclient"
 # Directory modes: see "Directory modes" in the module's docstring.
 TRACE_DIR_MODE = 0o711
 SOCKET_DIR_MODE = 0o1733
 PARENT_DIR_MODE = 0o755
 _CAPTURE_DIR_NAME = re.compile(r"\d+-[0-9a-f]{16}")  # <pid>-<random>, made by _make_trace_dir
-HEADER = struct.Struct("=Q32s")  # size_t size; char type[32]
-REQUEST = struct.Struct("=iiq")  # int32 type; int32 n; int64 jobid; then int32 pids[n]
-CONTEXT = struct.Struct("=iiq")  # int32 gpu; int32 pid; int64 jobid
-UCRED = struct.Struct("=iII")  # struct ucred {pid_t pid; uid_t uid; gid_t gid}
-TYPE_REQUEST = b"req"
-TYPE_CONTEXT = b"ctxt"
-CONFIG_EVENTS = 1
-CONFIG_ACTIVITIES = 2
-MAX_PIDS = 1024  # a process and its ancestors: a handful in practice
-MAX_DATAGRAM = HEADER.size + REQUEST.size + 4 * MAX_PIDS
-DEFAULT_POLL_PERIOD_S = 5.0
-TRACE_NAME = "trace.json"  # the process writes trace_<its pid>.json
-TRACE_SUFFIX = ".pt.trace.json.gz"
-GZIP_LEVEL = 3  # JSON traces: about 11x at over 250 MB/s (level 6: 13x at about 110 MB/s)
-MAX_ERROR_CHARS = 500
-# An event of any category but the profiler's own "Trace" span: the trace recorded something.
-_EVENT = re.compile(rb'"cat"\s*:\s*"(?!Trace")')
-_TRACE_EVENTS = re.compile(rb'"traceEvents"\s*:')
-_SCAN_OVERLAP = 64
-_CHUNK = 1 << 20
 
 
-class KinetoDaemonError(RuntimeError):
+class KinetoDaemonError(CaptureError):
     """The daemon cannot start (its address is taken, its directories are unusable); says why.
     ``setting`` names the directory at fault, as in ``capture.kineto``: "trace_dir" or "socket_dir"."""
 
@@ -127,11 +114,11 @@ class KinetoDaemonError(RuntimeError):
         self.setting = setting
 
 
-class KinetoUnreachableError(Exception):
+class KinetoUnreachableError(CaptureError):
     """No registered process with that pid, or the daemon is not running."""
 
 
-class KinetoBusyError(Exception):
+class KinetoBusyError(CaptureError):
     """A capture of that process is already in flight, or it is profiling itself."""
 
 
@@ -178,49 +165,15 @@ def _default_trace_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"gpuscope-kineto-{os.geteuid()}"
 
 
-def _make_missing(path: Path) -> bool:
-    """Creates ``path`` (mode 0700, until its owner sets the final one) and its missing parents (0755,
-    so that other users' processes can pass through them); False when ``path`` existed already."""
-    missing: list[Path] = []
-    for candidate in (path, *path.parents):
-        if os.path.lexists(candidate):
-            break
-        missing.append(candidate)
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:  # made meanwhile by someone else: then it is checked like any other
-            if directory == path:
-                return False
-            continue
-        if directory != path:
-            _chmod_directory(directory, PARENT_DIR_MODE)
-    return bool(missing)
-
-
-def _chmod_directory(path: Path, mode: int) -> os.stat_result:
-    """Sets the mode of the directory ``path`` itself, never of what a symlink there points to; its
-    stat. OSError (ELOOP, ENOTDIR) when ``path`` is a symlink or not a directory."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        os.fchmod(fd, mode)
-        return os.fstat(fd)
-    finally:
-        os.close(fd)
-
-
 def _directory(path: Path, mode: int, *, what: str, setting: str) -> tuple[os.stat_result, bool]:
-    """Creates ``path`` with ``mode`` when it is missing; (its stat, whether it was made now). The
-    stat is taken without following a symlink at ``path``, which is refused."""
+    """Creates ``path`` with ``mode`` when it is missing; (its stat, whether it was made now). A
+    symlink at ``path`` is refused, never followed."""
     try:
-        created = _make_missing(path)
-        st = _chmod_directory(path, mode) if created else os.lstat(path)
+        return ensure_directory(path, mode, parents_mode=PARENT_DIR_MODE)
+    except UnsafePathError as err:
+        raise KinetoDaemonError(f"the {what} {err.strerror}", setting=setting) from err
     except OSError as err:
         raise KinetoDaemonError(f"cannot create the {what} {path}: {err}", setting=setting) from err
-    if not stat.S_ISDIR(st.st_mode):
-        raise KinetoDaemonError(f"the {what} {path} is not a directory (or is a symlink, which the "
-                                "agent never follows)", setting=setting)
-    return st, created
 
 
 class KinetoDaemon:
@@ -297,7 +250,7 @@ class KinetoDaemon:
         self._stop.clear()
         self._thread = threading.Thread(target=self._serve, name="gpuscope-kineto", daemon=True)
         self._thread.start()
-        _log.info("Kineto on-demand daemon listening on %s (traces under %s)", self.address, self.trace_dir)
+        log.info("Kineto on-demand daemon listening on %s (traces under %s)", self.address, self.trace_dir)
 
     def stop(self) -> None:
         """Stops serving, closes (and for a file socket removes) the socket; idempotent."""
@@ -308,11 +261,10 @@ class KinetoDaemon:
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
-        if self.socket_dir is not None and self._bound_inode is not None:
+        if self.socket_dir is not None:
             path = self.socket_dir / self.socket_name
-            with contextlib.suppress(OSError):
-                st = path.lstat()
-                if (st.st_dev, st.st_ino) == self._bound_inode:
+            if same_file(path, self._bound_inode):  # ours still, not a successor's
+                with contextlib.suppress(OSError):
                     path.unlink()
             self._bound_inode = None
         with self._lock:
@@ -321,7 +273,7 @@ class KinetoDaemon:
         for trace in pending:
             trace.finished = True
             trace.event.set()  # a capture waiting for its delivery ends now
-            _remove_tree(trace.directory)
+            _remove_quietly(trace.directory)
         self._socket_dir_id = None
 
     def __enter__(self) -> KinetoDaemon:
@@ -346,19 +298,18 @@ class KinetoDaemon:
             return
         directory = self.socket_dir
         directory_st = self._prepare_socket_dir(directory)
+        path = directory / self.socket_name
         try:
-            path = directory / self.socket_name
-            if len(os.fsencode(path)) > 107:
-                raise KinetoDaemonError(f"socket path {path} is too long for a Unix socket",
-                                        setting="socket_dir")
-            self._clear_stale(path)
+            clear_stale_socket(path, socket.SOCK_DGRAM)  # left by a daemon that is gone: removed
             sock.bind(str(path))
             os.chmod(path, 0o666)  # processes of any user may poll
-            st = path.lstat()
-            self._bound_inode = (st.st_dev, st.st_ino)
+            self._bound_inode = file_identity(path)
             self._socket_dir_id = (directory_st.st_dev, directory_st.st_ino)
-        except KinetoDaemonError:
-            raise
+        except SocketInUseError:
+            raise KinetoDaemonError(f"{path} is served by another Kineto daemon (dynolog?); PyTorch "
+                                    "on-demand captures through gpuscope are disabled") from None
+        except UnsafePathError as err:
+            raise KinetoDaemonError(str(err.strerror), setting="socket_dir") from err
         except OSError as err:
             raise KinetoDaemonError(f"cannot bind the Kineto daemon socket in {directory}: {err}",
                                     setting="socket_dir") from err
@@ -381,29 +332,9 @@ class KinetoDaemon:
                                     f"without the sticky bit (mode {_mode(st)}): anyone could replace the "
                                     f"daemon's socket; chmod 1733 it", setting="socket_dir")
         if not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            _log.warning("Kineto daemon: only uid %d can make its socket in %s (mode %s): other users' "
-                         "PyTorch processes cannot register (chmod 1733 it)", st.st_uid, directory, _mode(st))
+            log.warning("Kineto daemon: only uid %d can make its socket in %s (mode %s): other users' "
+                        "PyTorch processes cannot register (chmod 1733 it)", st.st_uid, directory, _mode(st))
         return st
-
-    def _clear_stale(self, path: Path) -> None:
-        try:
-            st = path.lstat()
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(st.st_mode):
-            raise KinetoDaemonError(f"{path} exists and is not a socket; not replacing it")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        try:
-            probe.connect(str(path))
-        except ConnectionRefusedError:
-            path.unlink()  # left by a daemon that is gone
-            return
-        except OSError as err:
-            raise KinetoDaemonError(f"cannot check the existing socket {path}: {err}") from err
-        finally:
-            probe.close()
-        raise KinetoDaemonError(f"{path} is served by another Kineto daemon (dynolog?); PyTorch "
-                                "on-demand captures through gpuscope are disabled")
 
     def _prepare_trace_dir(self) -> None:
         """Makes the trace directory (0711) or checks the existing one: a real directory of the agent's
@@ -438,9 +369,9 @@ class KinetoDaemon:
         except OSError:
             return
         for directory in stale:
-            _remove_tree(directory)
+            _remove_quietly(directory)
         if stale:
-            _log.info("Kineto daemon: removed %d capture folder(s) left in %s", len(stale), self.trace_dir)
+            log.info("Kineto daemon: removed %d capture folder(s) left in %s", len(stale), self.trace_dir)
 
     # -- state ----------------------------------------------------------------------------------------
 
@@ -478,11 +409,7 @@ class KinetoDaemon:
                 raise KinetoBusyError(
                     f"pid {pid} is already profiling (its Kineto activity profiler is busy)")
             directory = self._make_trace_dir(pid, registration)
-            log_file = directory / TRACE_NAME
-            config = (f"ACTIVITIES_LOG_FILE={log_file}\n"
-                      f"ACTIVITIES_DURATION_MSECS={max(1, int(duration_ms))}\n"
-                      f"ACTIVITIES_WARMUP_PERIOD_SECS={max(0, int(warmup_s))}\n"
-                      "PROFILE_START_TIME=0\n").encode()
+            config = trace_config(directory / TRACE_NAME, duration_ms, warmup_s)
             trace = PendingTrace(pid=pid, directory=directory, config=config, created=self.clock())
             self._pending[pid] = trace
             return trace
@@ -496,7 +423,7 @@ class KinetoDaemon:
                 del self._pending[trace.pid]
             if trace.delivered is not None:
                 self._last_finished[trace.pid] = self.clock()
-        _remove_tree(trace.directory)
+        _remove_quietly(trace.directory)
 
     def _make_trace_dir(self, pid: int, registration: Registration) -> Path:
         directory = self.trace_dir / f"{pid}-{secrets.token_hex(8)}"
@@ -541,7 +468,7 @@ class KinetoDaemon:
                 if self._stop.is_set():
                     break
                 self._count("errors")
-                _log.debug("Kineto daemon: receive failed: %s", err)
+                log.debug("Kineto daemon: receive failed: %s", err)
                 time.sleep(0.05)
                 continue
             self._count("datagrams")
@@ -549,85 +476,61 @@ class KinetoDaemon:
                 self._handle(sock, data, ancdata, flags, address)
             except Exception:  # a bad datagram must never stop the daemon
                 self._count("errors")
-                _log.exception("Kineto daemon: error handling a datagram")
+                log.exception("Kineto daemon: error handling a datagram")
 
     def _handle(self, sock: socket.socket, data: bytes, ancdata: list[tuple[int, int, bytes]], flags: int,
                 address: str | bytes) -> None:
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) < HEADER.size:
-            self._malformed("truncated or short datagram")
-            return
-        size, raw_type = HEADER.unpack_from(data)
-        body = data[HEADER.size:]
-        if size != len(body):
-            self._malformed(f"header size {size} != body length {len(body)}")
-            return
-        kind = raw_type.split(b"\0", 1)[0]
-        if not self._reply_allowed(address):
-            self._malformed(f"sender address {address!r} is not a Kineto client socket")
-            return
-        cred = _credentials(ancdata)
-        if kind == TYPE_REQUEST:
-            self._on_request(sock, body, cred, address)
-        elif kind == TYPE_CONTEXT:
-            self._on_context(sock, body, cred, address)
-        else:
-            self._malformed(f"unknown message type {kind[:32]!r}")
+        try:
+            kind, body = split_message(data, flags)
+            if not self._reply_allowed(address):
+                raise MalformedDatagram(f"sender address {address!r} is not a Kineto client socket")
+            if kind == TYPE_REQUEST:
+                self._on_request(sock, parse_request(body), sender_credentials(ancdata), address)
+            elif kind == TYPE_CONTEXT:
+                self._on_context(sock, parse_context(body), sender_credentials(ancdata), address)
+            else:
+                raise MalformedDatagram(f"unknown message type {kind[:32]!r}")
+        except MalformedDatagram as err:
+            self._count("malformed")
+            log.debug("Kineto daemon: ignored a malformed datagram: %s", err)
 
-    def _on_request(self, sock: socket.socket, body: bytes, cred: tuple[int, int, int] | None,
+    def _on_request(self, sock: socket.socket, request: ConfigRequest, cred: Credentials | None,
                     address: str | bytes) -> None:
-        if len(body) < REQUEST.size:
-            self._malformed("request body too short")
-            return
-        config_type, n, job_id = REQUEST.unpack_from(body)
-        if not 0 < n <= MAX_PIDS or len(body) != REQUEST.size + 4 * n:
-            self._malformed(f"request with {n} pids in {len(body)} bytes")
-            return
-        pids = struct.unpack_from(f"={n}i", body, REQUEST.size)
-        if any(p <= 0 for p in pids):
-            self._malformed("request with a non-positive pid")
-            return
         now = self.clock()
         reply = b""
         with self._lock:
             self._stats["requests"] += 1
-            client = self._touch(cred, pids[0], now, address, job_id=job_id, ancestors=pids[1:],
-                                 profiling=not config_type & CONFIG_ACTIVITIES)
+            client = self._touch(cred, request.pids[0], now, address, job_id=request.job_id,
+                                 ancestors=request.pids[1:], profiling=request.profiler_busy)
             trace = self._pending.get(client.registration.pid) if client is not None else None
             if trace is not None and trace.delivered is None and not trace.finished:
-                if config_type & CONFIG_ACTIVITIES:
+                if not request.profiler_busy:
                     reply = trace.config
                 else:
                     trace.busy = (f"pid {trace.pid} is already profiling (its Kineto activity profiler "
                                   "is busy)")
                     trace.event.set()
-        sent = self._send(sock, TYPE_REQUEST, reply, address)
+        sent = self._send(sock, encode_message(TYPE_REQUEST, reply), address)
         if reply and sent and trace is not None:
             with self._lock:
                 if not trace.finished:
                     trace.delivered = self.clock()
                     self._stats["configs_delivered"] += 1
                     trace.event.set()
-            _log.info("Kineto daemon: trace config handed to pid %d", trace.pid)
+            log.info("Kineto daemon: trace config handed to pid %d", trace.pid)
 
-    def _on_context(self, sock: socket.socket, body: bytes, cred: tuple[int, int, int] | None,
+    def _on_context(self, sock: socket.socket, context: ContextMessage, cred: Credentials | None,
                     address: str | bytes) -> None:
-        if len(body) != CONTEXT.size:
-            self._malformed("context body of the wrong size")
-            return
-        gpu, reported_pid, job_id = CONTEXT.unpack_from(body)
-        if reported_pid <= 0 or not 0 <= gpu < 1024:
-            self._malformed("context with an invalid pid or GPU")
-            return
         now = self.clock()
         with self._lock:
             self._stats["contexts"] += 1
-            client = self._touch(cred, reported_pid, now, address, job_id=job_id, gpu=gpu)
-            count = sum(1 for c in self._clients.values() if gpu in c.registration.gpus)
+            client = self._touch(cred, context.pid, now, address, job_id=context.job_id, gpu=context.gpu)
+            count = sum(1 for c in self._clients.values() if context.gpu in c.registration.gpus)
             if client is None:
                 count += 1
-        self._send(sock, TYPE_CONTEXT, struct.pack("=i", count), address)
+        self._send(sock, encode_context_reply(count), address)
 
-    def _touch(self, cred: tuple[int, int, int] | None, reported_pid: int, now: float, address: str | bytes,
+    def _touch(self, cred: Credentials | None, reported_pid: int, now: float, address: str | bytes,
                *, job_id: int, ancestors: tuple[int, ...] | None = None, profiling: bool | None = None,
                gpu: int | None = None) -> _Client | None:
         """Creates or refreshes the registration of the sender (lock held)."""
@@ -644,8 +547,8 @@ class KinetoDaemon:
                 job_id=job_id, profiling=bool(profiling), gpus=(gpu,) if gpu is not None else (), polls=0)
             client = _Client(registration, address)
             self._clients[pid] = client
-            _log.info("Kineto daemon: pid %d registered (reports pid %d, ancestors %s)", pid, reported_pid,
-                      list(ancestors or ()))
+            log.info("Kineto daemon: pid %d registered (reports pid %d, ancestors %s)", pid, reported_pid,
+                     list(ancestors or ()))
         reg = client.registration
         gpus = reg.gpus if gpu is None or gpu in reg.gpus else (*reg.gpus, gpu)
         client.registration = Registration(
@@ -675,232 +578,28 @@ class KinetoDaemon:
             return False
         return (st.st_dev, st.st_ino) == self._socket_dir_id
 
-    def _send(self, sock: socket.socket, kind: bytes, payload: bytes, address: str | bytes) -> bool:
-        message = HEADER.pack(len(payload), kind) + payload
+    def _send(self, sock: socket.socket, message: bytes, address: str | bytes) -> bool:
         try:
             sock.sendto(message, socket.MSG_DONTWAIT, address)
         except OSError as err:
             self._count("send_errors")
-            _log.debug("Kineto daemon: reply to %r failed: %s", address, err)
+            log.debug("Kineto daemon: reply to %r failed: %s", address, err)
             return False
         self._count("replies")
         return True
-
-    def _malformed(self, why: str) -> None:
-        self._count("malformed")
-        _log.debug("Kineto daemon: ignored a malformed datagram: %s", why)
 
     def _count(self, name: str) -> None:
         with self._lock:
             self._stats[name] += 1
 
 
-def _credentials(ancdata: list[tuple[int, int, bytes]]) -> tuple[int, int, int] | None:
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= UCRED.size:
-            pid, uid, gid = UCRED.unpack_from(data)
-            return pid, uid, gid
-    return None
-
-
-def _remove_tree(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)  # never follows a symlink found inside
+def _remove_quietly(directory: Path) -> None:
+    """A capture's folder: a process may still be writing in it, so a failure is only logged."""
+    try:
+        remove_tree(directory)
+    except OSError as err:
+        log.debug("Kineto daemon: cannot remove %s: %s", directory, err)
 
 
 def _mode(st: os.stat_result) -> str:
     return f"{stat.S_IMODE(st.st_mode):04o}"
-
-
-# -- the capture backend ---------------------------------------------------------------------------------
-
-
-class KinetoBackend:
-    """CaptureBackend for PyTorch processes registered with ``daemon``. Thread-safe: concurrent
-    captures of different processes are independent; a second one of the same process is ``busy``."""
-
-    kind: TargetKind = "kineto"
-
-    def __init__(self, daemon: KinetoDaemon, *, warmup_s: int = 0, max_trace_bytes: int = 2 << 30,
-                 hostname: str | None = None, poll_interval_s: float = 0.05) -> None:
-        self.daemon = daemon
-        self.warmup_s = warmup_s
-        self.max_trace_bytes = max_trace_bytes
-        self.hostname = hostname or socket.gethostname()
-        self.poll_interval_s = poll_interval_s
-
-    def capture(self, target: CaptureTarget, duration_s: float, staging: Path, *, run: str,
-                deadline_s: float) -> BackendResult:
-        """Profiles ``target.pid`` for ``duration_s``; never raises, never blocks past ``deadline_s``.
-        The trace is stored as ``<host>_<pid>.<ms>.pt.trace.json.gz`` at the top of ``staging``
-        (``run`` is not used: PyTorch traces are not in a TensorBoard run folder)."""
-        try:
-            return self._capture(target, duration_s, staging, deadline_s=deadline_s)
-        except Exception as err:  # the contract: an outcome, never an exception
-            return BackendResult("failed", error=_clip(f"{type(err).__name__}: {err}"))
-
-    def _capture(self, target: CaptureTarget, duration_s: float, staging: Path, *,
-                 deadline_s: float) -> BackendResult:
-        if target.kind != "kineto" or target.pid is None:
-            return BackendResult("failed", error=f"not a Kineto target: {target.describe()}")
-        if not duration_s > 0:
-            return BackendResult("failed", error=f"the capture length ({duration_s:g} s) must be positive")
-        if not deadline_s > duration_s:
-            return BackendResult("failed", error=f"the deadline ({deadline_s:g} s) must exceed the "
-                                                 f"capture length ({duration_s:g} s)")
-        pid = target.pid
-        started_wall = time.time()
-        deadline = time.monotonic() + deadline_s
-        try:
-            trace = self.daemon.request_trace(pid, max(1, round(duration_s * 1000)), warmup_s=self.warmup_s)
-        except KinetoBusyError as err:
-            return BackendResult("busy", error=str(err))
-        except KinetoUnreachableError as err:
-            return BackendResult("unreachable", error=str(err))
-        try:
-            while not trace.event.wait(min(self.poll_interval_s * 4, max(0.0, deadline - time.monotonic()))):
-                if time.monotonic() >= deadline:
-                    return BackendResult("unreachable", error=f"pid {pid} did not poll the Kineto daemon "
-                                                              f"within the deadline ({deadline_s:g} s)")
-                if not _alive(pid):
-                    return BackendResult("unreachable", error=f"pid {pid} exited")
-            if trace.busy is not None:
-                return BackendResult("busy", error=trace.busy)
-            if trace.delivered is None:
-                return BackendResult("unreachable", error="the Kineto daemon stopped")
-            found = self._wait_for_file(trace, deadline)
-            if isinstance(found, BackendResult):
-                return found
-            return self._store(found, staging, pid, started_wall, deadline)
-        finally:
-            self.daemon.finish(trace)
-
-    def _wait_for_file(self, trace: PendingTrace, deadline: float) -> Path | BackendResult:
-        writing = False
-        last_alive_check = 0.0
-        while True:
-            done, writing_now = _trace_files(trace.directory)
-            if done is not None:
-                return done
-            if trace.finished:
-                return BackendResult("unreachable", error="the Kineto daemon stopped")
-            writing = writing or writing_now
-            now = time.monotonic()
-            if now >= deadline:
-                state = "its trace was still being written" if writing else "it wrote no trace"
-                return BackendResult("unreachable", error=f"pid {trace.pid} took the trace config but "
-                                                          f"{state} within the deadline")
-            if now - last_alive_check > 0.5:
-                last_alive_check = now
-                if not _alive(trace.pid):
-                    return BackendResult("unreachable", error=f"pid {trace.pid} exited during the capture")
-            time.sleep(min(self.poll_interval_s, max(0.0, deadline - now)))
-
-    def _store(self, source: Path, staging: Path, pid: int, started_wall: float,
-               deadline: float) -> BackendResult:
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        try:
-            fd = os.open(source, flags)
-        except OSError as err:
-            return BackendResult("failed", error=_clip(f"cannot open the trace {source.name}: {err}"))
-        with os.fdopen(fd, "rb") as src:
-            st = os.fstat(src.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-                return BackendResult("failed", error=f"{source.name} is not a plain file")
-            if st.st_size > self.max_trace_bytes:
-                return BackendResult("failed", error=f"the trace is {st.st_size} bytes, over the limit of "
-                                                     f"{self.max_trace_bytes}")
-            staging.mkdir(parents=True, exist_ok=True)
-            stem = f"{safe_host(self.hostname)}_{pid}.{round(started_wall * 1000)}"
-            fd_out, temporary = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=staging)
-            try:
-                with os.fdopen(fd_out, "wb") as raw, gzip.GzipFile(
-                        filename="", mode="wb", fileobj=raw, mtime=int(started_wall),
-                        compresslevel=GZIP_LEVEL) as out:
-                    scan = _TraceScan()
-                    while chunk := src.read(_CHUNK):
-                        if time.monotonic() > deadline:
-                            return BackendResult("failed", error=f"the deadline passed while storing the "
-                                                                 f"trace ({st.st_size} bytes)")
-                        scan.feed(chunk)
-                        out.write(chunk)
-                    out.close()
-                    raw.flush()
-                    os.fsync(raw.fileno())
-                if not scan.has_trace_events or not scan.complete:
-                    return BackendResult("failed", error=f"{source.name} is not a complete Chrome trace")
-                if not scan.has_events:
-                    return BackendResult("empty")
-                return BackendResult("captured", files=(_publish(temporary, staging, stem),))
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(temporary)
-
-
-class _TraceScan:
-    """Looks through a Chrome trace as it streams by: does it have ``traceEvents``, any event with a
-    category (other than the profiler's own ``Trace`` span; an idle process's trace has only
-    metadata), and does it end like a JSON object?"""
-
-    def __init__(self) -> None:
-        self.has_trace_events = False
-        self.has_events = False
-        self._tail = b""
-        self._last = b""
-
-    def feed(self, chunk: bytes) -> None:
-        window = self._tail + chunk
-        if not self.has_trace_events and _TRACE_EVENTS.search(window):
-            self.has_trace_events = True
-        if not self.has_events and _EVENT.search(window):
-            self.has_events = True
-        self._tail = window[-_SCAN_OVERLAP:]
-        stripped = chunk.rstrip()
-        if stripped:
-            self._last = stripped[-1:]
-
-    @property
-    def complete(self) -> bool:
-        return self._last == b"}"
-
-
-def _trace_files(directory: Path) -> tuple[Path | None, bool]:
-    """The finished trace in a capture directory (``*.json``, a plain file), and whether one is
-    still being written (``*.json.tmp``)."""
-    writing = False
-    try:
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                if entry.name.endswith(".json.tmp"):
-                    writing = True
-                elif entry.name.endswith(".json") and entry.is_file(follow_symlinks=False):
-                    return Path(entry.path), writing
-    except FileNotFoundError:
-        pass
-    return None, writing
-
-
-def _publish(temporary: str, staging: Path, stem: str) -> str:
-    """Links ``temporary`` to ``<stem>[-N].pt.trace.json.gz`` in ``staging``, never replacing a file;
-    the name."""
-    for attempt in range(1, 1000):
-        name = f"{stem}{TRACE_SUFFIX}" if attempt == 1 else f"{stem}-{attempt}{TRACE_SUFFIX}"
-        final = staging / name
-        try:
-            os.link(temporary, final)
-        except FileExistsError:
-            continue
-        except OSError:
-            if final.exists():
-                continue
-            os.replace(temporary, final)
-        return name
-    raise FileExistsError(f"{staging}: too many files named {stem}*{TRACE_SUFFIX}")
-
-
-def _alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}")
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 1] + "…"
-

@@ -1,0 +1,99 @@
+"""Bearer tokens of the control API over TCP: reading the token file, checking a call's metadata in
+constant time, and the interceptor that refuses a call before its method runs."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gpuscope.common.unixfs import read_bounded
+from gpuscope.control.errors import ControlError
+
+log = logging.getLogger(__name__)
+
+MIN_TOKEN_CHARS = 16  # what the agent accepts; a client sends whatever its file holds
+MAX_TOKEN_BYTES = 4096
+_REFUSALS_LOGGED_EVERY_S = 10.0
+
+
+def read_token(path: Path, *, min_chars: int = 1, what: str = "token file") -> str:
+    """The bearer token in ``path``, surrounding whitespace dropped. ControlError (``usage``) when it
+    cannot be read or is not a token; the token itself never appears in a message."""
+    try:
+        raw = read_bounded(path, MAX_TOKEN_BYTES, follow_symlinks=True)  # e.g. a Kubernetes Secret
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError as err:
+        raise ControlError(f"cannot read the {what} {path}: {err.strerror or err}", usage=True) from None
+    try:
+        token = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise ControlError(f"the token in {path} is not ASCII", usage=True) from None
+    if not token or any(not c.isprintable() or c.isspace() for c in token):
+        raise ControlError(f"the {what} {path} is empty or holds spaces or control characters", usage=True)
+    if len(token) < min_chars:
+        raise ControlError(f"the token in {path} is shorter than {min_chars} characters; use a random one, "
+                           "e.g. `openssl rand -hex 32`", usage=True)
+    if mode & 0o004:
+        log.warning("the %s %s is readable by every user; make it 0600 or 0640", what, path)
+    return token
+
+
+def bearer_matches(metadata: Any, token: bytes) -> bool:
+    """Whether call metadata holds ``authorization: Bearer <token>`` (constant-time comparison)."""
+    for key, value in metadata or ():
+        if key != "authorization":
+            continue
+        text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
+        scheme, _, credentials = text.strip().partition(" ")
+        offered = credentials.strip().encode("utf-8", "replace")
+        return scheme.lower() == "bearer" and hmac.compare_digest(offered, token)
+    return False
+
+
+class BearerTokenInterceptor(grpc.ServerInterceptor):
+    """Lets a call through only with the right bearer token; UNAUTHENTICATED before the method runs.
+    Refusals are logged at most every 10 s, with their count."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+        self._lock = threading.Lock()
+        self._refused = 0
+        self._logged_at = -math.inf
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or bearer_matches(details.invocation_metadata, self._token):
+            return handler
+        self._note_refusal(details.method)
+
+        def deny(request: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          "missing or wrong bearer token: send 'authorization: Bearer <token>' with the "
+                          "token of the agent's control.tcp.token_file")
+
+        if handler.response_streaming:
+            def deny_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                deny(request, context)
+                yield from ()
+
+            return grpc.unary_stream_rpc_method_handler(deny_stream)
+        return grpc.unary_unary_rpc_method_handler(deny)
+
+    def _note_refusal(self, method: str) -> None:
+        with self._lock:
+            self._refused += 1
+            now = time.monotonic()
+            if now - self._logged_at < _REFUSALS_LOGGED_EVERY_S:
+                return
+            self._logged_at, count, self._refused = now, self._refused, 0
+        log.warning("control API: refused %d call(s) without a valid bearer token (latest: %s)",
+                    count, method)
