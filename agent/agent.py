@@ -16,7 +16,7 @@ from prometheus_client.process_collector import ProcessCollector
 from gpuscope.alerts.alertmanager import AlertmanagerNotifier, instance_label
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.eventlog import AlertEventLog
-from gpuscope.alerts.rules_config import build_rules
+from gpuscope.alerts.rules import build_rules
 from gpuscope.capture.factory import Captures, build_captures
 from gpuscope.capture.webhook import WebhookReceiver, this_node_hosts
 from gpuscope.config import Settings

@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from gpuscope.alerts.alertmanager import alertmanager_endpoint
 from gpuscope.alerts.config import AlertingConfig
-from gpuscope.alerts.rules_config import validate_against_interval
+from gpuscope.alerts.rules import validate_against_interval
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.common.config_types import (
     ConfigError,

@@ -26,7 +26,7 @@ from typing import Any
 
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.history import NodeHistory
-from gpuscope.alerts.rules_config import RulesConfig, build_rules
+from gpuscope.alerts.rules import RulesConfig, build_rules
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml.boundary import Nvml
 from gpuscope.sampler import Sampler

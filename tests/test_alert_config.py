@@ -8,18 +8,11 @@ import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuscope.alerts.config import AlertingConfig
-from gpuscope.alerts.rules import (
-    RULE_TYPES,
-    BusyButStalled,
-    FrequentIdleDips,
-    LowUtilization,
-    SharedByProcesses,
-    Throttled,
-    UtilizationSkew,
-    XidError,
-)
-from gpuscope.alerts.rules_config import RulesConfig, build_rules, validate_against_interval
-from gpuscope.config import format_errors
+from gpuscope.alerts.rules import RULE_TYPES, RULES, RulesConfig, build_rules, validate_against_interval
+from gpuscope.alerts.rules.base import Rule
+from gpuscope.alerts.rules.shared_by_processes import SharedByProcessesRule
+from gpuscope.alerts.rules.xid_error import XidErrorRule
+from gpuscope.common.config_types import format_errors
 
 
 class Root(BaseModel):
@@ -39,31 +32,39 @@ def rules_config(rules: dict[str, Any]) -> RulesConfig:
     return Root.model_validate({"alerting": {"rules": rules}}).alerting.rules
 
 
+# The documented defaults (docs/alerts.md): (severity, window, for, clear_for, thresholds).
+DOCUMENTED = {
+    "GpuLowUtilization": ("warning", 120.0, 120.0, 60.0, {"threshold": 0.80, "hysteresis": 0.05}),
+    "GpuSharedByProcesses": ("warning", None, 30.0, 30.0, {
+        "max_processes": 1, "allow": ["nvidia-cuda-mps-server", "nvidia-cuda-mps-control"]}),
+    "GpuFrequentIdleDips": ("warning", 60.0, 60.0, 60.0, {
+        "max_per_minute": 6.0, "hysteresis": 1.0, "min_utilization": 0.30}),
+    "GpuUtilizationSkew": ("warning", 120.0, 120.0, 60.0, {"max_spread": 0.20, "hysteresis": 0.05,
+                                                           "min_gpus": 2}),
+    "GpuBusyButStalled": ("warning", 60.0, 60.0, 60.0, {"min_utilization": 0.80, "max_sm_active": 0.30,
+                                                       "hysteresis": 0.05}),
+    "GpuThrottled": ("warning", 120.0, 60.0, 60.0, {"min_fraction": 0.5, "hysteresis": 0.1}),
+    "GpuXidError": ("critical", 30.0, 0.0, 300.0, {"benign": [13, 31, 43, 45]}),
+}
+
+
 def test_defaults_build_every_rule_with_the_documented_values() -> None:
     rules = {r.name: r for r in build_rules(RulesConfig())}
-    assert list(rules) == list(RulesConfig.model_fields) == list(RULE_TYPES)
-    assert rules["GpuLowUtilization"] == LowUtilization(
-        severity="warning", window_seconds=120.0, for_seconds=120.0, clear_for_seconds=60.0,
-        threshold=0.80, hysteresis=0.05)
-    assert rules["GpuSharedByProcesses"] == SharedByProcesses(
-        severity="warning", for_seconds=30.0, clear_for_seconds=30.0, max_processes=1,
-        allow=frozenset({"nvidia-cuda-mps-server", "nvidia-cuda-mps-control"}))
-    assert rules["GpuFrequentIdleDips"] == FrequentIdleDips(
-        severity="warning", window_seconds=60.0, for_seconds=60.0, clear_for_seconds=60.0,
-        max_per_minute=6.0, hysteresis=1.0, min_utilization=0.30)
-    assert rules["GpuUtilizationSkew"] == UtilizationSkew(
-        severity="warning", window_seconds=120.0, for_seconds=120.0, clear_for_seconds=60.0,
-        max_spread=0.20, hysteresis=0.05, min_gpus=2)
-    assert rules["GpuBusyButStalled"] == BusyButStalled(
-        severity="warning", window_seconds=60.0, for_seconds=60.0, clear_for_seconds=60.0,
-        min_utilization=0.80, max_sm_active=0.30, hysteresis=0.05)
-    assert rules["GpuThrottled"] == Throttled(
-        severity="warning", window_seconds=120.0, for_seconds=60.0, clear_for_seconds=60.0,
-        min_fraction=0.5, hysteresis=0.1)
-    assert rules["GpuXidError"] == XidError(
-        severity="critical", window_seconds=30.0, for_seconds=0.0, clear_for_seconds=300.0,
-        benign=frozenset({13, 31, 43, 45}))
+    assert list(rules) == list(RulesConfig.model_fields) == list(RULE_TYPES) == list(DOCUMENTED)
+    for name, (severity, window, for_, clear_for, thresholds) in DOCUMENTED.items():
+        rule = rules[name]
+        assert (rule.severity, rule.window_seconds, rule.for_seconds, rule.clear_for_seconds) == (
+            severity, window, for_, clear_for), name
+        assert {key: getattr(rule.config, key) for key in thresholds} == thresholds, name
     assert validate_against_interval(RulesConfig(), 1.0) == []
+
+
+def test_every_registered_rule_declares_what_the_registry_needs() -> None:
+    for rule in RULES:
+        assert issubclass(rule, Rule) and rule.name.startswith("Gpu")
+        assert isinstance(rule.captures_by_default, bool)
+        assert rule.config_model().enabled  # every default is valid, and a rule is on by default
+        assert rule.configured() == rule(rule.config_model())
 
 
 def test_values_from_yaml_reach_the_rules() -> None:
@@ -77,14 +78,13 @@ def test_values_from_yaml_reach_the_rules() -> None:
     rules = {r.name: r for r in build_rules(config)}
     assert "GpuThrottled" not in rules and len(rules) == 6
     low = rules["GpuLowUtilization"]
-    assert isinstance(low, LowUtilization)
-    assert (low.threshold, low.window_seconds, low.for_seconds, low.clear_for_seconds, low.severity) == (
-        0.7, 300.0, 600.0, 90.0, "info")
+    assert (low.config.threshold, low.window_seconds, low.for_seconds, low.clear_for_seconds,
+            low.severity) == (0.7, 300.0, 600.0, 90.0, "info")
     shared = rules["GpuSharedByProcesses"]
-    assert isinstance(shared, SharedByProcesses)
-    assert shared.allow == frozenset({"my-sidecar"}) and shared.max_processes == 2
+    assert isinstance(shared, SharedByProcessesRule)
+    assert shared.allow == frozenset({"my-sidecar"}) and shared.config.max_processes == 2
     xid = rules["GpuXidError"]
-    assert isinstance(xid, XidError) and 68 in xid.benign
+    assert isinstance(xid, XidErrorRule) and 68 in xid.benign
 
 
 def test_an_unknown_rule_name_is_refused_with_its_path() -> None:

@@ -7,7 +7,6 @@ import math
 import statistics
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pytest
@@ -16,35 +15,41 @@ from snapshots import gpu_uuid, make_gpu, make_process, make_snapshot
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.history import NodeHistory
 from gpuscope.alerts.model import AlertSource, Condition, Transition
-from gpuscope.alerts.rules import LowUtilization, Rule
+from gpuscope.alerts.rules.base import Rule, RuleConfig
+from gpuscope.alerts.rules.low_utilization import LowUtilizationRule
 from gpuscope.snapshot import Snapshot
 
 WALL0 = 1_700_000_000.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Below(Rule):
+class BelowConfig(RuleConfig):
+    threshold: float = 0.5
+    hysteresis: float = 0.0
+
+
+class Below(Rule[BelowConfig]):
     """Holds on GPUs whose latest utilization is below the threshold (+ hysteresis once active)."""
 
     name: ClassVar[str] = "TestBelow"
-    threshold: float = 0.5
-    hysteresis: float = 0.0
+    config_model: ClassVar[type[BelowConfig]] = BelowConfig
+    captures_by_default: ClassVar[bool] = False
 
     def evaluate(self, history: NodeHistory, active: frozenset[int]) -> dict[int, Condition]:
         out = {}
         for gpu in history.up:
             point = history.latest(gpu)
             assert point is not None and point.utilization is not None
-            limit = self.threshold + (self.hysteresis if gpu in active else 0.0)
+            limit = self.config.threshold + (self.config.hysteresis if gpu in active else 0.0)
             if point.utilization < limit:
                 u = point.utilization
                 out[gpu] = Condition(gpu, {"utilization": u}, f"GPU {gpu} at {u}", {"kind": f"low-{u}"})
         return out
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Broken(Rule):
+class Broken(Rule[RuleConfig]):
     name: ClassVar[str] = "TestBroken"
+    config_model: ClassVar[type[RuleConfig]] = RuleConfig
+    captures_by_default: ClassVar[bool] = False
 
     def evaluate(self, history: NodeHistory, active: frozenset[int]) -> dict[int, Condition]:
         raise RuntimeError("a bug in a rule")
@@ -71,7 +76,7 @@ def brief(transitions: list[Transition]) -> list[tuple[float, int, str | None, s
 
 
 def test_pending_then_firing_after_for_then_resolved_after_clear_for() -> None:
-    engine = AlertEngine([Below(for_seconds=5.0, clear_for_seconds=3.0)], hostname="node-a")
+    engine = AlertEngine([Below.configured(for_=5.0, clear_for=3.0)], hostname="node-a")
     timeline = [(0.9, 0.9)] * 10 + [(0.9, 0.2)] * 10 + [(0.9, 0.9)] * 5
     transitions = drive(engine, timeline)
     assert brief(transitions) == [
@@ -89,7 +94,7 @@ def test_pending_then_firing_after_for_then_resolved_after_clear_for() -> None:
 
 
 def test_alerts_reports_pending_and_firing_with_their_times() -> None:
-    engine = AlertEngine([Below(for_seconds=5.0, clear_for_seconds=3.0)], hostname="node-a")
+    engine = AlertEngine([Below.configured(for_=5.0, clear_for=3.0)], hostname="node-a")
     source: AlertSource = engine  # what the outputs consume
     assert source.alerts() == [] and source.transition_counts() == {}
     drive(engine, [(0.2, 0.9)] * 3)
@@ -109,7 +114,7 @@ def test_alerts_reports_pending_and_firing_with_their_times() -> None:
 
 
 def test_a_pending_alert_whose_condition_goes_false_returns_to_inactive() -> None:
-    engine = AlertEngine([Below(for_seconds=5.0)], hostname="n")
+    engine = AlertEngine([Below.configured(for_=5.0)], hostname="n")
     transitions = drive(engine, [(0.2,)] * 3 + [(0.9,)] * 3 + [(0.2,)] * 2)
     assert brief(transitions) == [(0, 0, None, "pending"), (3, 0, "pending", "inactive"),
                                   (6, 0, None, "pending")]  # a new episode starts from scratch
@@ -118,22 +123,22 @@ def test_a_pending_alert_whose_condition_goes_false_returns_to_inactive() -> Non
 
 
 def test_a_true_condition_resets_the_clear_timer() -> None:
-    engine = AlertEngine([Below(for_seconds=0.0, clear_for_seconds=3.0)], hostname="n")
+    engine = AlertEngine([Below.configured(for_=0.0, clear_for=3.0)], hostname="n")
     timeline = [(0.2,)] + [(0.9,)] * 2 + [(0.2,)] + [(0.9,)] * 2 + [(0.2,)] + [(0.9,)] * 4
     # False from 1 s (true again at 3 s), from 4 s (true again at 6 s), from 7 s: resolved at 10 s.
     assert brief(drive(engine, timeline)) == [(0, 0, None, "firing"), (10, 0, "firing", "resolved")]
 
 
 def test_for_zero_fires_at_once_and_clear_for_zero_resolves_at_once() -> None:
-    engine = AlertEngine([Below()], hostname="n")
+    engine = AlertEngine([Below.configured()], hostname="n")
     assert brief(drive(engine, [(0.2,), (0.9,)])) == [(0, 0, None, "firing"), (1, 0, "firing", "resolved")]
 
 
 def test_hysteresis_keeps_a_hovering_value_from_flapping() -> None:
     hovering = [(0.49,), (0.51,), (0.5,), (0.52,), (0.48,), (0.53,)] * 10  # around the 0.5 threshold
-    flappy = AlertEngine([Below(threshold=0.5, for_seconds=2.0, clear_for_seconds=0.0)], hostname="n")
+    flappy = AlertEngine([Below.configured(threshold=0.5, for_=2.0, clear_for=0.0)], hostname="n")
     assert len(drive(flappy, hovering)) > 20  # without hysteresis: pending/inactive every other tick
-    steady = AlertEngine([Below(threshold=0.5, hysteresis=0.05, for_seconds=2.0, clear_for_seconds=0.0)],
+    steady = AlertEngine([Below.configured(threshold=0.5, hysteresis=0.05, for_=2.0, clear_for=0.0)],
                          hostname="n")
     transitions = drive(steady, hovering)
     assert brief(transitions) == [(0, 0, None, "pending"), (2, 0, "pending", "firing")]
@@ -149,8 +154,7 @@ def test_low_utilization_hovering_at_its_threshold_fires_once() -> None:
     assert min(means) < 0.78 and 0.82 < max(means) < 0.85
 
     def run(hysteresis: float) -> list[str]:
-        rule = LowUtilization(window_seconds=10.0, for_seconds=5.0, clear_for_seconds=0.0,
-                              hysteresis=hysteresis)
+        rule = LowUtilizationRule.configured(window=10.0, for_=5.0, clear_for=0.0, hysteresis=hysteresis)
         return [t.state for t in drive(AlertEngine([rule], hostname="n"), timeline)]
 
     assert len(run(0.0)) > 10  # without hysteresis it flaps
@@ -158,7 +162,7 @@ def test_low_utilization_hovering_at_its_threshold_fires_once() -> None:
 
 
 def test_transition_counts_accumulate_per_rule_and_state() -> None:
-    engine = AlertEngine([Below(for_seconds=1.0)], hostname="n")
+    engine = AlertEngine([Below.configured(for_=1.0)], hostname="n")
     drive(engine, [(0.2, 0.2), (0.9, 0.2), (0.2, 0.2), (0.2, 0.9)])
     # GPU 0: pending, inactive, pending, firing. GPU 1: pending, firing, resolved.
     assert engine.transition_counts() == {("TestBelow", "pending"): 3, ("TestBelow", "inactive"): 1,
@@ -166,7 +170,7 @@ def test_transition_counts_accumulate_per_rule_and_state() -> None:
 
 
 def test_listeners_get_every_transition_and_a_raising_one_is_logged(caplog: pytest.LogCaptureFixture) -> None:
-    engine = AlertEngine([Below(for_seconds=1.0)], hostname="n")
+    engine = AlertEngine([Below.configured(for_=1.0)], hostname="n")
     seen: list[str] = []
 
     def bad(t: Transition) -> None:
@@ -182,7 +186,7 @@ def test_listeners_get_every_transition_and_a_raising_one_is_logged(caplog: pyte
 
 
 def test_a_raising_rule_is_logged_once_and_the_others_still_run(caplog: pytest.LogCaptureFixture) -> None:
-    engine = AlertEngine([Broken(), Below()], hostname="n")
+    engine = AlertEngine([Broken.configured(), Below.configured()], hostname="n")
     with caplog.at_level(logging.ERROR, logger="gpuscope.alerts.engine"):
         transitions = drive(engine, [(0.2,)] * 5)
     assert brief(transitions) == [(0, 0, None, "firing")]
@@ -190,7 +194,7 @@ def test_a_raising_rule_is_logged_once_and_the_others_still_run(caplog: pytest.L
 
 
 def test_a_gpu_that_is_down_or_missing_keeps_its_alert_state() -> None:
-    engine = AlertEngine([Below(for_seconds=2.0, clear_for_seconds=2.0)], hostname="n")
+    engine = AlertEngine([Below.configured(for_=2.0, clear_for=2.0)], hostname="n")
     assert [t.state for t in drive(engine, [(0.2, 0.9)] * 3)] == ["pending", "firing"]
     assert drive(engine, [(None, 0.9)] * 5, start=3) == []  # down: not judged, still firing
     assert [(a.gpu, a.state) for a in engine.alerts()] == [(0, "firing")]
@@ -200,7 +204,7 @@ def test_a_gpu_that_is_down_or_missing_keeps_its_alert_state() -> None:
 
 
 def test_labels_stay_those_of_the_first_condition() -> None:
-    engine = AlertEngine([Below(for_seconds=1.0)], hostname="n")
+    engine = AlertEngine([Below.configured(for_=1.0)], hostname="n")
     transitions = drive(engine, [(0.2,), (0.3,)])
     assert [t.labels for t in transitions] == [{"kind": "low-0.2"}, {"kind": "low-0.2"}]
     (alert,) = engine.alerts()
@@ -208,7 +212,7 @@ def test_labels_stay_those_of_the_first_condition() -> None:
 
 
 def test_alerts_and_counts_are_copies_safe_to_read_from_another_thread() -> None:
-    engine = AlertEngine([Below(for_seconds=1.0, clear_for_seconds=1.0)], hostname="n")
+    engine = AlertEngine([Below.configured(for_=1.0, clear_for=1.0)], hostname="n")
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -236,4 +240,4 @@ def test_alerts_and_counts_are_copies_safe_to_read_from_another_thread() -> None
 
 def test_duplicate_rule_names_are_refused() -> None:
     with pytest.raises(ValueError, match="duplicate"):
-        AlertEngine([Below(), Below()], hostname="n")
+        AlertEngine([Below.configured(), Below.configured()], hostname="n")

@@ -10,15 +10,13 @@ import pytest
 from snapshots import make_gpu, make_process, make_snapshot
 
 from gpuscope.alerts.history import NodeHistory
-from gpuscope.alerts.rules import (
-    BusyButStalled,
-    FrequentIdleDips,
-    LowUtilization,
-    SharedByProcesses,
-    Throttled,
-    UtilizationSkew,
-    XidError,
-)
+from gpuscope.alerts.rules.busy_but_stalled import BusyButStalledRule
+from gpuscope.alerts.rules.frequent_idle_dips import FrequentIdleDipsRule
+from gpuscope.alerts.rules.low_utilization import LowUtilizationRule
+from gpuscope.alerts.rules.shared_by_processes import SharedByProcessesRule
+from gpuscope.alerts.rules.throttled import ThrottledRule
+from gpuscope.alerts.rules.utilization_skew import UtilizationSkewRule
+from gpuscope.alerts.rules.xid_error import XidErrorRule
 from gpuscope.snapshot import GpuReading
 
 GpuFn = Callable[[int, float], dict[str, Any]]  # (gpu index, time) -> GpuReading overrides
@@ -65,7 +63,7 @@ def history_for(*rules: Any) -> NodeHistory:
 
 # ------------------------------------------------------------------------ GpuLowUtilization
 
-LOW = LowUtilization(window_seconds=120.0, threshold=0.80, hysteresis=0.05)
+LOW = LowUtilizationRule.configured(window=120.0, threshold=0.80, hysteresis=0.05)
 
 
 def test_low_utilization_fires_on_the_low_gpu_only() -> None:
@@ -121,7 +119,7 @@ def test_rules_skip_gpus_that_are_down_now() -> None:
 
 # ------------------------------------------------------------------------ GpuSharedByProcesses
 
-SHARED = SharedByProcesses()
+SHARED = SharedByProcessesRule.configured()
 
 
 @pytest.mark.parametrize(("names", "fires"), [
@@ -149,13 +147,13 @@ def test_shared_ignores_graphics_processes_and_honours_max_processes() -> None:
     procs = (make_process(1, name="train"), make_process(2, name="Xorg", kind="graphics"))
     feed(h, 1, node(g0={"processes": procs}, g1={"procs": ["a", "b"]}))
     assert set(SHARED.evaluate(h, frozenset())) == {1}
-    assert SharedByProcesses(max_processes=2).evaluate(h, frozenset()) == {}
-    assert SharedByProcesses(allow=frozenset({"b"})).evaluate(h, frozenset()) == {}
+    assert SharedByProcessesRule.configured(max_processes=2).evaluate(h, frozenset()) == {}
+    assert SharedByProcessesRule.configured(allow=["b"]).evaluate(h, frozenset()) == {}
 
 
 # ------------------------------------------------------------------------ GpuFrequentIdleDips
 
-DIPS = FrequentIdleDips(window_seconds=60.0, max_per_minute=6.0, hysteresis=1.0, min_utilization=0.3)
+DIPS = FrequentIdleDipsRule.configured(window=60.0, max_per_minute=6.0, hysteresis=1.0, min_utilization=0.3)
 
 
 def dips_every(seconds: float) -> Callable[[float], int]:
@@ -206,7 +204,7 @@ def test_idle_dips_counter_restart_is_not_a_negative_rate() -> None:
 
 # ------------------------------------------------------------------------ GpuUtilizationSkew
 
-SKEW = UtilizationSkew(window_seconds=120.0, max_spread=0.20, hysteresis=0.05)
+SKEW = UtilizationSkewRule.configured(window=120.0, max_spread=0.20, hysteresis=0.05)
 
 
 def test_skew_names_the_laggard_and_the_leader() -> None:
@@ -247,7 +245,7 @@ def test_skew_hysteresis() -> None:
 
 # ------------------------------------------------------------------------ GpuBusyButStalled
 
-STALLED = BusyButStalled(window_seconds=60.0, min_utilization=0.8, max_sm_active=0.3, hysteresis=0.05)
+STALLED = BusyButStalledRule.configured(window=60.0, min_utilization=0.8, max_sm_active=0.3, hysteresis=0.05)
 
 
 @pytest.mark.parametrize(("util", "sm", "fires"), [
@@ -281,7 +279,7 @@ def test_busy_but_stalled_hysteresis() -> None:
 
 # ------------------------------------------------------------------------ GpuThrottled
 
-THROTTLED = Throttled(window_seconds=120.0, min_fraction=0.5, hysteresis=0.1)
+THROTTLED = ThrottledRule.configured(window=120.0, min_fraction=0.5, hysteresis=0.1)
 CAP = frozenset({"sw_power_cap"})
 
 
@@ -310,13 +308,13 @@ def test_throttled_hysteresis_custom_reasons_and_unknown_reasons() -> None:
                       g1={"clock_event_reasons": None}))  # reasons not readable on GPU 1
     assert THROTTLED.evaluate(h, frozenset()) == {}  # 45 %
     assert set(THROTTLED.evaluate(h, frozenset({1, 3}))) == {3}  # active: holds above 40 %
-    thermal_only = Throttled(window_seconds=120.0, reasons=frozenset({"hw_thermal_slowdown"}))
+    thermal_only = ThrottledRule.configured(window=120.0, reasons=["hw_thermal_slowdown"])
     assert thermal_only.evaluate(h, frozenset({3})) == {}
 
 
 # ------------------------------------------------------------------------ GpuXidError
 
-XID = XidError(window_seconds=30.0, benign=frozenset({13, 31, 43, 45}))
+XID = XidErrorRule.configured(window=30.0, benign=[13, 31, 43, 45])
 
 
 def test_xid_fires_at_once_on_a_new_non_benign_xid() -> None:
@@ -345,7 +343,7 @@ def test_xid_is_evaluated_on_a_gpu_that_went_down_with_it() -> None:
     feed(h, 10, node())
     feed(h, 1, lambda t: [gpu(0), make_gpu(1, up=False, utilization_ratio=None, processes=(),
                                            xid_errors={79: 1}), gpu(2), gpu(3)], start=10.0)
-    assert XidError.include_down and set(XID.evaluate(h, frozenset())) == {1}
+    assert XidErrorRule.include_down and set(XID.evaluate(h, frozenset())) == {1}
 
 
 def test_xid_count_restart() -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.model import Transition
-from gpuscope.alerts.rules_config import RulesConfig, build_rules
+from gpuscope.alerts.rules import RulesConfig, build_rules
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml.boundary import Nvml
 from gpuscope.sampler import Sampler

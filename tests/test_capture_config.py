@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gpuscope.alerts.rules import RULE_TYPES
+from gpuscope.alerts.rules import CAPTURES_BY_DEFAULT, RULE_TYPES
 from gpuscope.capture.config import (
-    DEFAULT_RULE_CAPTURE,
     MAX_KINETO_SOCKET_DIR_BYTES,
     CaptureConfig,
     StaticTarget,
@@ -48,7 +47,7 @@ def test_defaults() -> None:
     assert config.targets == [] and config.rules == {}
     # Kineto: the abstract @dynolog, and a trace directory of the agent's own under its tempdir.
     assert (config.kineto.trace_dir, config.kineto.socket_dir) == (None, None)
-    assert set(DEFAULT_RULE_CAPTURE) == set(RULE_TYPES)
+    assert set(CAPTURES_BY_DEFAULT) == set(RULE_TYPES)
     assert {name for name in RULE_TYPES if config.rule_captures(name)} == {
         "GpuLowUtilization", "GpuFrequentIdleDips", "GpuUtilizationSkew", "GpuBusyButStalled"}
     assert config.rule_captures("NotARule") is False

@@ -31,7 +31,8 @@ from capturing import TORCH_WORKLOAD, DirectoryStaging, Workload, require_torch,
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.factory import Captures, build_captures
 from gpuscope.capture.kineto.backend import KinetoBackend
-from gpuscope.capture.kineto.daemon import KinetoDaemon, KinetoDaemonError, PendingTrace
+from gpuscope.capture.kineto.daemon import KinetoDaemon, PendingTrace
+from gpuscope.capture.kineto.errors import KinetoDaemonError
 from gpuscope.capture.kineto.protocol import HEADER, REQUEST
 from gpuscope.capture.model import BackendResult, CaptureTarget
 from gpuscope.common.unixfs import safe_file_name
@@ -553,7 +554,7 @@ def test_the_configured_directories_are_used(short_dir: Path, tmp_path: Path,
     captures.start()
     workload = start_workload(tmp_path, "configured", socket_dir=base / "ipc")
     try:
-        # The parent lets other users' jobs through; see kineto.py on the two directories' modes.
+        # The parent lets other users' jobs through (capture/kineto/directories.py: the modes).
         assert [stat_mode(p) for p in (base, base / "traces", base / "ipc")] == [0o755, 0o711, 0o1733]
         wait_ready(workload)
         wait_registered(daemon, workload.pid)

@@ -11,7 +11,7 @@ from test_alert_scenarios import ManualClock
 
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.model import Transition
-from gpuscope.alerts.rules_config import RulesConfig, build_rules
+from gpuscope.alerts.rules import RulesConfig, build_rules
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.model import Trigger
 from gpuscope.capture.policy import CapturePolicy

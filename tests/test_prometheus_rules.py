@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuscope.alerts.rules_config import RulesConfig
+from gpuscope.alerts.rules import RulesConfig
 from gpuscope.common.durations import parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent

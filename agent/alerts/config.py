@@ -1,10 +1,10 @@
-"""The `alerting:` section of the configuration: rules (rules_config.py) and outputs."""
+"""The `alerting:` section of the configuration: the rules (``alerts.rules``) and the outputs."""
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from gpuscope.alerts.rules_config import RulesConfig
+from gpuscope.alerts.rules import RulesConfig
 from gpuscope.common.config_types import ByteSize, Duration, Section
 
 

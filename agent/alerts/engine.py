@@ -26,10 +26,11 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from gpuscope.alerts.history import NodeHistory
 from gpuscope.alerts.model import Alert, AlertState, Condition, Transition, TransitionState
-from gpuscope.alerts.rules import Rule
+from gpuscope.alerts.rules.base import Rule
 from gpuscope.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class _State:
 class AlertEngine:
     """Implements ``AlertSource``. Feed it with ``observe(snapshot)`` (e.g. as a sampler listener)."""
 
-    def __init__(self, rules: Sequence[Rule], *, hostname: str) -> None:
+    def __init__(self, rules: Sequence[Rule[Any]], *, hostname: str) -> None:
         names = [r.name for r in rules]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate rule names: {names}")
@@ -150,7 +151,7 @@ class AlertEngine:
 
     # ------------------------------------------------------------ internals
 
-    def _transition(self, rule: Rule, gpu: int, state: _State, previous: TransitionState | None,
+    def _transition(self, rule: Rule[Any], gpu: int, state: _State, previous: TransitionState | None,
                     to: TransitionState) -> Transition:
         c = state.condition
         return Transition(

@@ -18,19 +18,18 @@ capture:
     socket_dir: /run/gpuscope/kineto/ipc    # unset: the abstract socket @dynolog (host network only)
 ```
 
-Which alerts capture by default is in ``DEFAULT_RULE_CAPTURE`` (the rules whose cause a profiler trace can
-show); ``rules`` overrides it per rule and refuses names that are not alert rules.
+Which alerts capture by default each rule says (``captures_by_default``: the rules whose cause a profiler
+trace can show); ``rules`` overrides it per rule and refuses names that are not alert rules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import AfterValidator, Field, model_validator
 
-from gpuscope.alerts.rules import RULE_TYPES
+from gpuscope.alerts.rules import CAPTURES_BY_DEFAULT, RULE_TYPES
 from gpuscope.common.config_types import ByteSize, Duration, PeerAddress, Section
 from gpuscope.common.durations import format_duration
 
@@ -40,18 +39,6 @@ MIN_QUOTA_BYTES = 2**20
 # the directory, in a Unix socket address of at most 107 (measured with PyTorch 2.13: 54 works, 55 fails).
 MAX_KINETO_SOCKET_DIR_BYTES = 107 - len("/dynoconfigclient") - 36
 
-# A profiler trace explains a GPU that waits (input pipeline, host work, synchronisation, stragglers);
-# it does not explain a hardware event (Xid), a thermal or power clamp, or who shares a GPU.
-DEFAULT_RULE_CAPTURE: Mapping[str, bool] = {
-    "GpuLowUtilization": True,
-    "GpuSharedByProcesses": False,
-    "GpuFrequentIdleDips": True,
-    "GpuUtilizationSkew": True,
-    "GpuBusyButStalled": True,
-    "GpuThrottled": False,
-    "GpuXidError": False,
-}
-assert set(DEFAULT_RULE_CAPTURE) == set(RULE_TYPES), "DEFAULT_RULE_CAPTURE must name every alert rule"
 
 
 def _port(value: int) -> int:
@@ -186,4 +173,4 @@ class CaptureConfig(Section):
 
     def rule_captures(self, alertname: str) -> bool:
         """Whether a firing ``alertname`` triggers a capture (False for names that are not rules)."""
-        return self.rules.get(alertname, DEFAULT_RULE_CAPTURE.get(alertname, False))
+        return self.rules.get(alertname, CAPTURES_BY_DEFAULT.get(alertname, False))

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.kineto.backend import KinetoBackend
-from gpuscope.capture.kineto.daemon import KinetoDaemon, KinetoDaemonError
+from gpuscope.capture.kineto.daemon import KinetoDaemon
+from gpuscope.capture.kineto.errors import KinetoDaemonError
 from gpuscope.capture.model import CaptureBackend
 from gpuscope.capture.policy import CapturePolicy
 from gpuscope.capture.service import CaptureService

@@ -4,8 +4,8 @@ Checks, in this order (the first that fails is the reason):
 
 1. ``capture.enabled``.
 2. The rule: an ``alert`` or ``webhook`` trigger captures only when its alert's rule is set to
-   (``capture.rules`` over ``DEFAULT_RULE_CAPTURE``). ``user`` and ``fleet`` triggers are deliberate
-   requests and have no rule.
+   (``capture.rules`` over the rule's own ``captures_by_default``). ``user`` and ``fleet`` triggers
+   are deliberate requests and have no rule.
 3. The duration: alert and webhook triggers always record ``capture.duration``. A user or fleet
    request may name a length up to ``capture.max_duration``; a longer (or non-positive) one is refused,
    not shortened, so that whoever asked knows.

@@ -18,12 +18,8 @@ import stat
 import time
 from pathlib import Path
 
-from gpuscope.capture.kineto.daemon import (
-    KinetoBusyError,
-    KinetoDaemon,
-    KinetoUnreachableError,
-    PendingTrace,
-)
+from gpuscope.capture.kineto.daemon import KinetoDaemon, PendingTrace
+from gpuscope.capture.kineto.errors import KinetoBusyError, KinetoUnreachableError
 from gpuscope.capture.model import (
     BackendResult,
     CaptureTarget,

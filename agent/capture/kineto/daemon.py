@@ -32,19 +32,7 @@ same host directory mounted at the same path in the container. The abstract sock
 namespace: a container without host networking does not reach ``@dynolog`` (mount a shared directory
 and set ``KINETO_IPC_SOCKET_DIR`` instead, or use ``gpuscope.workload.serve`` over TCP).
 
-Directory modes, set explicitly whatever the umask (the agent never follows a symlink at either
-directory's own path; missing parents are made 0755, for other users' processes to pass through):
-
-* ``trace_dir`` 0711, the agent's: other users' processes may pass through to their capture's folder
-  but can neither list it (the folder names are random and secret) nor create anything in it, so no
-  one can plant a file or a link where the agent looks for traces. It need not be world-writable like
-  /tmp: the process never creates a directory (the agent makes each capture's folder and gives it to
-  the process's user, or makes it writable when it cannot). An existing one must already be like
-  that; the agent does not change the mode of a directory it did not create.
-* ``socket_dir`` 01733: every user's process binds its client socket there (and PyTorch makes it
-  0666); sticky, so none removes another's socket or the daemon's; not listable, because a client
-  socket takes a trace config from anyone who can name it. An existing one keeps its mode (it may be
-  shared on purpose) but must be owned by the agent or root, and sticky if everyone may write in it.
+The directories' modes, and why, are in ``directories``.
 """
 
 from __future__ import annotations
@@ -53,17 +41,22 @@ import contextlib
 import errno
 import logging
 import os
-import re
-import secrets
 import socket
-import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuscope.capture.kineto.directories import (
+    default_trace_dir,
+    make_capture_dir,
+    prepare_socket_dir,
+    prepare_trace_dir,
+    remove_leftovers,
+    remove_quietly,
+)
+from gpuscope.capture.kineto.errors import KinetoBusyError, KinetoDaemonError, KinetoUnreachableError
 from gpuscope.capture.kineto.protocol import (
     CLIENT_PREFIX,
     DEFAULT_POLL_PERIOD_S,
@@ -85,41 +78,15 @@ from gpuscope.capture.kineto.protocol import (
     split_message,
     trace_config,
 )
-from gpuscope.capture.model import CaptureError
 from gpuscope.common.unixfs import (
     SocketInUseError,
     UnsafePathError,
     clear_stale_socket,
-    ensure_directory,
     file_identity,
-    remove_tree,
     same_file,
 )
 
 log = logging.getLogger(__name__)
-
-# Directory modes: see "Directory modes" in the module's docstring.
-TRACE_DIR_MODE = 0o711
-SOCKET_DIR_MODE = 0o1733
-PARENT_DIR_MODE = 0o755
-_CAPTURE_DIR_NAME = re.compile(r"\d+-[0-9a-f]{16}")  # <pid>-<random>, made by _make_trace_dir
-
-
-class KinetoDaemonError(CaptureError):
-    """The daemon cannot start (its address is taken, its directories are unusable); says why.
-    ``setting`` names the directory at fault, as in ``capture.kineto``: "trace_dir" or "socket_dir"."""
-
-    def __init__(self, message: str, *, setting: str | None = None) -> None:
-        super().__init__(message)
-        self.setting = setting
-
-
-class KinetoUnreachableError(CaptureError):
-    """No registered process with that pid, or the daemon is not running."""
-
-
-class KinetoBusyError(CaptureError):
-    """A capture of that process is already in flight, or it is profiling itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,21 +128,6 @@ class PendingTrace:
     event: threading.Event = field(default_factory=threading.Event)  # set on delivery or busy
 
 
-def _default_trace_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"gpuscope-kineto-{os.geteuid()}"
-
-
-def _directory(path: Path, mode: int, *, what: str, setting: str) -> tuple[os.stat_result, bool]:
-    """Creates ``path`` with ``mode`` when it is missing; (its stat, whether it was made now). A
-    symlink at ``path`` is refused, never followed."""
-    try:
-        return ensure_directory(path, mode, parents_mode=PARENT_DIR_MODE)
-    except UnsafePathError as err:
-        raise KinetoDaemonError(f"the {what} {err.strerror}", setting=setting) from err
-    except OSError as err:
-        raise KinetoDaemonError(f"cannot create the {what} {path}: {err}", setting=setting) from err
-
-
 class KinetoDaemon:
     """The node's Kineto on-demand daemon: learns which PyTorch processes poll, hands them trace
     configs. Thread-safe; ``start`` binds the socket and starts one receiving thread.
@@ -195,7 +147,7 @@ class KinetoDaemon:
             raise ValueError(f"invalid Kineto daemon socket name {socket_name!r}")
         self.socket_name = socket_name
         self.socket_dir = Path(socket_dir) if socket_dir is not None else None
-        self.trace_dir = Path(trace_dir) if trace_dir is not None else _default_trace_dir()
+        self.trace_dir = Path(trace_dir) if trace_dir is not None else default_trace_dir()
         for name, path in (("socket_dir", self.socket_dir), ("trace_dir", self.trace_dir)):
             if path is not None and not path.is_absolute():
                 raise ValueError(f"the Kineto daemon's {name} must be an absolute path, got {str(path)!r}")
@@ -234,7 +186,7 @@ class KinetoDaemon:
         runs without PyTorch on-demand captures."""
         if self._thread is not None:
             raise KinetoDaemonError("the Kineto daemon is already started")
-        self._prepare_trace_dir()
+        prepare_trace_dir(self.trace_dir)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -245,7 +197,7 @@ class KinetoDaemon:
         except BaseException:
             sock.close()
             raise
-        self._remove_leftovers()  # only now: a second daemon refused above must not touch them
+        remove_leftovers(self.trace_dir)  # only now: a second daemon refused above must not touch them
         self._sock = sock
         self._stop.clear()
         self._thread = threading.Thread(target=self._serve, name="gpuscope-kineto", daemon=True)
@@ -273,7 +225,7 @@ class KinetoDaemon:
         for trace in pending:
             trace.finished = True
             trace.event.set()  # a capture waiting for its delivery ends now
-            _remove_quietly(trace.directory)
+            remove_quietly(trace.directory)
         self._socket_dir_id = None
 
     def __enter__(self) -> KinetoDaemon:
@@ -297,7 +249,7 @@ class KinetoDaemon:
                 raise KinetoDaemonError(f"cannot bind @{self.socket_name}: {err}") from err
             return
         directory = self.socket_dir
-        directory_st = self._prepare_socket_dir(directory)
+        directory_st = prepare_socket_dir(directory)
         path = directory / self.socket_name
         try:
             clear_stale_socket(path, socket.SOCK_DGRAM)  # left by a daemon that is gone: removed
@@ -313,65 +265,6 @@ class KinetoDaemon:
         except OSError as err:
             raise KinetoDaemonError(f"cannot bind the Kineto daemon socket in {directory}: {err}",
                                     setting="socket_dir") from err
-
-    @staticmethod
-    def _prepare_socket_dir(directory: Path) -> os.stat_result:
-        """Makes the socket directory (01733) or checks the existing one: a real directory, owned by
-        the agent or root, and sticky if everyone may write in it (else anyone could replace the
-        daemon's socket). An existing one keeps its mode: it may be shared on purpose."""
-        st, created = _directory(directory, SOCKET_DIR_MODE, what="Kineto socket directory",
-                                 setting="socket_dir")
-        if created:
-            return st
-        if st.st_uid not in (os.geteuid(), 0):
-            raise KinetoDaemonError(f"the Kineto socket directory {directory} belongs to uid {st.st_uid}, "
-                                    "neither the agent nor root: its owner could replace the daemon's "
-                                    "socket", setting="socket_dir")
-        if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-            raise KinetoDaemonError(f"the Kineto socket directory {directory} is writable by everyone "
-                                    f"without the sticky bit (mode {_mode(st)}): anyone could replace the "
-                                    f"daemon's socket; chmod 1733 it", setting="socket_dir")
-        if not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            log.warning("Kineto daemon: only uid %d can make its socket in %s (mode %s): other users' "
-                        "PyTorch processes cannot register (chmod 1733 it)", st.st_uid, directory, _mode(st))
-        return st
-
-    def _prepare_trace_dir(self) -> None:
-        """Makes the trace directory (0711) or checks the existing one: a real directory of the agent's
-        own that other users may enter but neither list nor write (see the module's docstring)."""
-        directory = self.trace_dir
-        st, created = _directory(directory, TRACE_DIR_MODE, what="Kineto trace directory",
-                                 setting="trace_dir")
-        if created:
-            return
-        if st.st_uid != os.geteuid():
-            raise KinetoDaemonError(f"the Kineto trace directory {directory} belongs to uid {st.st_uid}, "
-                                    f"not to the agent (uid {os.geteuid()})", setting="trace_dir")
-        if st.st_mode & 0o066:
-            raise KinetoDaemonError(f"the Kineto trace directory {directory} can be listed or written by "
-                                    f"other users (mode {_mode(st)}): they could find or plant traces; "
-                                    f"chmod 0711 it, or name a new directory", setting="trace_dir")
-        if st.st_mode & stat.S_IRWXU != stat.S_IRWXU:
-            raise KinetoDaemonError(f"the agent cannot list, write or enter its own Kineto trace directory "
-                                    f"{directory} (mode {_mode(st)}); chmod 0711 it", setting="trace_dir")
-        if not st.st_mode & stat.S_IXOTH:
-            raise KinetoDaemonError(f"other users cannot enter the Kineto trace directory {directory} "
-                                    f"(mode {_mode(st)}), so their jobs could not write traces; chmod 0711 "
-                                    "it", setting="trace_dir")
-
-    def _remove_leftovers(self) -> None:
-        """Removes the capture folders of a daemon that stopped mid-capture (a crash): the trace
-        directory outlives the agent (a RuntimeDirectory kept across restarts, a hostPath)."""
-        try:
-            with os.scandir(self.trace_dir) as entries:
-                stale = [Path(e.path) for e in entries
-                         if _CAPTURE_DIR_NAME.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
-        except OSError:
-            return
-        for directory in stale:
-            _remove_quietly(directory)
-        if stale:
-            log.info("Kineto daemon: removed %d capture folder(s) left in %s", len(stale), self.trace_dir)
 
     # -- state ----------------------------------------------------------------------------------------
 
@@ -408,7 +301,7 @@ class KinetoDaemon:
             if registration.profiling and registration.last_seen > self._last_finished.get(pid, -1e300):
                 raise KinetoBusyError(
                     f"pid {pid} is already profiling (its Kineto activity profiler is busy)")
-            directory = self._make_trace_dir(pid, registration)
+            directory = make_capture_dir(self.trace_dir, pid, registration.uid, registration.gid)
             config = trace_config(directory / TRACE_NAME, duration_ms, warmup_s)
             trace = PendingTrace(pid=pid, directory=directory, config=config, created=self.clock())
             self._pending[pid] = trace
@@ -423,26 +316,7 @@ class KinetoDaemon:
                 del self._pending[trace.pid]
             if trace.delivered is not None:
                 self._last_finished[trace.pid] = self.clock()
-        _remove_quietly(trace.directory)
-
-    def _make_trace_dir(self, pid: int, registration: Registration) -> Path:
-        directory = self.trace_dir / f"{pid}-{secrets.token_hex(8)}"
-        try:
-            directory.mkdir(mode=0o700)
-        except FileNotFoundError:  # removed meanwhile (a /tmp cleaner): made again, checked again
-            self._prepare_trace_dir()
-            directory.mkdir(mode=0o700)
-        uid, gid = registration.uid, registration.gid
-        if uid is not None and uid != os.geteuid():
-            try:
-                if os.geteuid() != 0:
-                    raise PermissionError("not root")
-                os.chown(directory, uid, gid if gid is not None else -1)
-            except OSError:
-                # Another user's process must create its file here; the name is random and the
-                # parent is not listable.
-                os.chmod(directory, 0o777)
-        return directory
+        remove_quietly(trace.directory)
 
     def _expire(self, now: float) -> None:
         stale = [pid for pid, client in self._clients.items()
@@ -591,15 +465,3 @@ class KinetoDaemon:
     def _count(self, name: str) -> None:
         with self._lock:
             self._stats[name] += 1
-
-
-def _remove_quietly(directory: Path) -> None:
-    """A capture's folder: a process may still be writing in it, so a failure is only logged."""
-    try:
-        remove_tree(directory)
-    except OSError as err:
-        log.debug("Kineto daemon: cannot remove %s: %s", directory, err)
-
-
-def _mode(st: os.stat_result) -> str:
-    return f"{stat.S_IMODE(st.st_mode):04o}"
