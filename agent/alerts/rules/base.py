@@ -62,6 +62,12 @@ def clear_for_field(default: float) -> Any:
     return Field(default, description="How long the condition must be false before a firing alert resolves.")
 
 
+def require_clearable(hysteresis: float, bound: float, bound_key: str) -> None:
+    """A hysteresis as wide as the threshold it widens would keep a firing alert from ever clearing."""
+    if hysteresis >= bound:
+        raise ValueError(f"hysteresis must be below {bound_key} (else the alert could never clear)")
+
+
 class RuleConfig(Section):
     """The keys of every rule; each rule's model adds its ``window`` (unless it reads only the latest
     tick), ``for``, ``clear_for`` and thresholds, with their defaults."""

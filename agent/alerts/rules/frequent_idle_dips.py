@@ -16,6 +16,7 @@ from gpuscope.alerts.rules.base import (
     WindowDuration,
     clear_for_field,
     for_field,
+    require_clearable,
     window_field,
 )
 
@@ -30,8 +31,7 @@ class FrequentIdleDipsConfig(RuleConfig):
 
     @model_validator(mode="after")
     def _reachable(self) -> FrequentIdleDipsConfig:
-        if self.hysteresis >= self.max_per_minute:
-            raise ValueError("hysteresis must be below max_per_minute (else the alert could never clear)")
+        require_clearable(self.hysteresis, self.max_per_minute, "max_per_minute")
         return self
 
 

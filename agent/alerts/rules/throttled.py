@@ -15,6 +15,7 @@ from gpuscope.alerts.rules.base import (
     WindowDuration,
     clear_for_field,
     for_field,
+    require_clearable,
     window_field,
 )
 from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
@@ -38,8 +39,7 @@ class ThrottledConfig(RuleConfig):
         unknown = [r for r in self.reasons if r not in known]
         if unknown:
             raise ValueError(f"unknown clock event reason(s) {unknown} (known: {', '.join(known)})")
-        if self.hysteresis >= self.min_fraction:
-            raise ValueError("hysteresis must be below min_fraction (else the alert could never clear)")
+        require_clearable(self.hysteresis, self.min_fraction, "min_fraction")
         return self
 
 

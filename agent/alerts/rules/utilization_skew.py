@@ -15,6 +15,7 @@ from gpuscope.alerts.rules.base import (
     WindowDuration,
     clear_for_field,
     for_field,
+    require_clearable,
     window_field,
 )
 
@@ -31,8 +32,7 @@ class UtilizationSkewConfig(RuleConfig):
 
     @model_validator(mode="after")
     def _reachable(self) -> UtilizationSkewConfig:
-        if self.hysteresis >= self.max_spread:
-            raise ValueError("hysteresis must be below max_spread (else the alert could never clear)")
+        require_clearable(self.hysteresis, self.max_spread, "max_spread")
         return self
 
 
