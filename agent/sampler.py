@@ -7,8 +7,10 @@ Snapshot by replacing one reference, so readers never block it and it never bloc
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import operator
 import socket
 import threading
 import time
@@ -18,8 +20,9 @@ from dataclasses import dataclass, field
 from gpuscope.counters import RateIntegrator, ResetSafeCounter
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.idle_dips import IdleDipCounter
-from gpuscope.nvml.boundary import DeviceReadings, GpuLostError, Nvml, NvmlDevice, NvmlUnavailable
+from gpuscope.nvml.boundary import GpuLostError, Nvml, NvmlDevice, NvmlUnavailable
 from gpuscope.nvml.clock_events import decode_clock_event_reasons
+from gpuscope.nvml.readings import DeviceReadings
 from gpuscope.nvml.xid import XidWatcher
 from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot, UtilizationSample
 
@@ -28,6 +31,13 @@ log = logging.getLogger(__name__)
 SnapshotListener = Callable[[Snapshot], None]
 # (GPU UUID, GPU index) -> the pod containers the GPU is allocated to; a dictionary lookup, no I/O.
 PodLookup = Callable[[str, int], tuple[PodContainer, ...]]
+
+
+# The readings the boundary hands over unchanged: DeviceReadings' fields that GpuReading has too.
+_SNAPSHOT_FIELDS = frozenset(f.name for f in dataclasses.fields(GpuReading))
+PLAIN_READINGS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(DeviceReadings) if f.name in _SNAPSHOT_FIELDS)
+_plain_values = operator.attrgetter(*PLAIN_READINGS)
 
 
 def _no_pods(_uuid: str, _index: int) -> tuple[PodContainer, ...]:
@@ -226,21 +236,21 @@ class Sampler:
     def _to_reading(self, device: NvmlDevice, raw: DeviceReadings, state: _GpuState,
                     xids: dict[int, int], now: float) -> GpuReading:
         ident = device.identity
-        samples = tuple(itertools.starmap(UtilizationSample, raw.utilization_samples))
+        new_samples = raw.new_utilization_samples
+        samples = tuple(itertools.starmap(UtilizationSample, new_samples)) if new_samples else ()
         if samples:
-            utilization: float | None = sum([v for _, v in raw.utilization_samples]) / len(samples)
+            utilization: float | None = sum([v for _, v in new_samples or ()]) / len(samples)
         else:
-            utilization = raw.utilization_ratio  # no new samples (idle or unsupported): the rate API
-        dips = None
-        if "utilization_samples" not in device.unsupported and not ident.mig_enabled:
-            dips = state.dips.update(raw.utilization_samples)
+            utilization = raw.rate_utilization_ratio  # no new samples (idle or unsupported): the rate API
+        dips = None if new_samples is None else state.dips.update(new_samples)
         tx = rx = None
         if raw.pcie is not None:
             if raw.pcie.cumulative:
                 tx, rx = raw.pcie.tx, raw.pcie.rx
             else:
                 tx, rx = state.pcie_tx.update(raw.pcie.tx, now), state.pcie_rx.update(raw.pcie.rx, now)
-        gpm = raw.gpm or {}
+        energy = raw.energy_counter_joules
+        mask = raw.clock_event_mask
         return GpuReading(
             index=ident.index,
             uuid=ident.uuid,
@@ -250,29 +260,15 @@ class Sampler:
             mig_enabled=ident.mig_enabled,
             utilization_ratio=utilization,
             utilization_samples=samples,
-            memory_utilization_ratio=raw.memory_utilization_ratio,
-            memory_used_bytes=raw.memory_used_bytes,
-            memory_reserved_bytes=raw.memory_reserved_bytes,
-            memory_total_bytes=raw.memory_total_bytes,
-            power_watts=raw.power_watts,
-            power_limit_watts=raw.power_limit_watts,
-            energy_joules_total=None if raw.energy_joules is None else state.energy.update(raw.energy_joules),
-            temperature_celsius=raw.temperature_celsius,
-            sm_clock_hertz=raw.sm_clock_hertz,
-            memory_clock_hertz=raw.memory_clock_hertz,
-            clock_event_reasons=(None if raw.clock_event_mask is None
-                                 else self._clock_reasons(raw.clock_event_mask)),
+            energy_joules_total=None if energy is None else state.energy.update(energy),
+            clock_event_reasons=None if mask is None else self._clock_reasons(mask),
             pcie_tx_bytes_total=tx,
             pcie_rx_bytes_total=rx,
             xid_errors=xids,
-            ecc_uncorrected_errors_total=raw.ecc_uncorrected_errors,
-            sm_active_ratio=gpm.get("sm_active"),
-            sm_occupancy_ratio=gpm.get("sm_occupancy"),
-            tensor_active_ratio=gpm.get("tensor_active"),
-            dram_active_ratio=gpm.get("dram_active"),
             idle_dips_total=dips,
             processes=self._processes(raw),
             pods=self._pods(ident.uuid, ident.index),
+            **dict(zip(PLAIN_READINGS, _plain_values(raw), strict=True)),
         )
 
     def _clock_reasons(self, mask: int) -> frozenset[str]:
@@ -287,7 +283,7 @@ class Sampler:
         out = []
         describe = self._inspector.describe
         per_pid = raw.process_sm_utilization
-        for proc in raw.processes:
+        for proc in raw.nvml_processes:
             host = describe(proc.pid)
             sm: float | None = None
             if per_pid is not None and proc.kind == "compute":
@@ -295,7 +291,7 @@ class Sampler:
                 sm = per_pid.get(proc.pid, 0.0)
             out.append(ProcessReading(
                 pid=proc.pid,
-                kind="compute" if proc.kind == "compute" else "graphics",
+                kind=proc.kind,
                 memory_used_bytes=proc.memory_used_bytes,
                 sm_utilization_ratio=sm,
                 host_visible=host.visible,

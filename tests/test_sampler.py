@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes.util
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -10,11 +11,13 @@ from collections.abc import Iterator
 import pytest
 
 from gpuscope.host.processes import ProcessInspector
+from gpuscope.nvml import boundary
 from gpuscope.nvml.boundary import Nvml
-from gpuscope.sampler import Sampler
+from gpuscope.nvml.readings import DeviceReadings
+from gpuscope.sampler import PLAIN_READINGS, Sampler
 from gpuscope.simulate import Simulation, load_scenario
 from gpuscope.simulate.loader import parse_scenario
-from gpuscope.snapshot import Snapshot
+from gpuscope.snapshot import GpuReading, Snapshot
 
 
 class ManualClock:
@@ -241,3 +244,42 @@ def test_no_driver_then_driver_appears_with_backoff(simulate, clock: ManualClock
 def test_real_pynvml_without_a_driver_reports_nvml_down(clock: ManualClock) -> None:
     snap = make_sampler(clock).tick()
     assert not snap.nvml_up and snap.gpus == () and snap.driver_version is None
+
+
+def test_field_by_field_fallbacks_read_what_the_struct_fast_path_reads(
+        simulate, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pynvml's structures are decoded with struct at the offsets ctypes gives; with another pynvml
+    whose types are laid out otherwise, each field is read by name instead. Both must agree."""
+    simulate("demo", spawn=False)
+    start = clock.now
+
+    def read_twice() -> list[DeviceReadings]:
+        clock.now = start
+        nvml = Nvml(clock=clock)
+        nvml.init()
+        devices = nvml.devices()
+        first = [nvml.read(device) for device in devices]  # primes the cursors and GPM's first sample
+        clock.now += 1.0
+        return first + [nvml.read(device) for device in devices]
+
+    fast = read_twice()
+    for name in ("_MEMORY_LAYOUT", "_UTILIZATION_LAYOUT", "_FIELD_VALUE_LAYOUT", "_PROCESS_SAMPLE_LAYOUT",
+                 "_SAMPLE_UINT_LAYOUT", "_GPM_RESULTS"):
+        monkeypatch.setattr(boundary, name, None)
+    monkeypatch.setattr(boundary, "_SAMPLE_LAYOUTS", {})
+    slow = read_twice()
+    assert slow == fast
+    second = fast[len(fast) // 2:]
+    assert all(r.memory_total_bytes and r.new_utilization_samples for r in second)
+    assert any(r.sm_active_ratio is not None for r in second) and any(r.pcie is not None for r in second)
+    assert any(r.process_sm_utilization for r in second)
+
+
+def test_each_reading_reaches_the_snapshot_plainly_or_derived() -> None:
+    """A DeviceReadings field named like a GpuReading field is copied as it is; the others are what
+    the sampler derives the Snapshot's values from, so none may share a Snapshot field's name."""
+    derived = {"new_utilization_samples", "rate_utilization_ratio", "energy_counter_joules",
+               "clock_event_mask", "pcie", "nvml_processes", "process_sm_utilization"}
+    readings = {f.name for f in dataclasses.fields(DeviceReadings)}
+    assert set(PLAIN_READINGS) == readings - derived
+    assert not derived & {f.name for f in dataclasses.fields(GpuReading)}

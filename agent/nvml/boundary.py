@@ -14,12 +14,12 @@ import logging
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pynvml
 
 from gpuscope.nvml.ctypes_layout import element_format, fields, layout, unpack, unpack_array
+from gpuscope.nvml.readings import DeviceIdentity, DeviceReadings, PcieReading, ProcessKind, RawProcess
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,12 @@ _LOST = (pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED)
 # id costs it a caught TypeError per field.
 _PCIE_FIELDS = ((pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0), (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0))
 _GPM_MIN_SPACING_S = 0.1  # NVML needs two GPM samples at least 100 ms apart
+# DeviceReadings field -> GPM metric
 _GPM_METRICS = {
-    "sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
-    "sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
-    "tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
-    "dram_active": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+    "sm_active_ratio": pynvml.NVML_GPM_METRIC_SM_UTIL,
+    "sm_occupancy_ratio": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+    "tensor_active_ratio": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+    "dram_active_ratio": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
 }
 
 
@@ -69,55 +70,6 @@ class NvmlUnavailable(NvmlError):
 
 class GpuLostError(NvmlError):
     """The GPU fell off the bus or needs a reset; its other readings are not attempted this tick."""
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceIdentity:
-    index: int
-    uuid: str
-    name: str
-    pci_bus_id: str
-    mig_enabled: bool
-
-
-@dataclass(frozen=True, slots=True)
-class RawProcess:
-    pid: int
-    kind: str  # "compute" | "graphics"
-    memory_used_bytes: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class PcieReading:
-    """Either cumulative byte counters (exact) or instantaneous rates (to be integrated by the caller)."""
-
-    cumulative: bool
-    tx: float  # bytes (cumulative) or bytes/s (rate)
-    rx: float
-
-
-@dataclass(slots=True)
-class DeviceReadings:
-    """One tick's readings of one GPU, in base units; None where unsupported or failed."""
-
-    utilization_samples: list[tuple[int, float]] = field(default_factory=list)  # (driver µs, ratio)
-    utilization_ratio: float | None = None  # the instantaneous rate, used when no samples are new
-    memory_utilization_ratio: float | None = None
-    memory_used_bytes: int | None = None
-    memory_reserved_bytes: int | None = None
-    memory_total_bytes: int | None = None
-    power_watts: float | None = None
-    power_limit_watts: float | None = None
-    energy_joules: float | None = None  # the driver's counter: resets when the driver reloads
-    temperature_celsius: float | None = None
-    sm_clock_hertz: float | None = None
-    memory_clock_hertz: float | None = None
-    clock_event_mask: int | None = None
-    pcie: PcieReading | None = None
-    ecc_uncorrected_errors: int | None = None
-    gpm: dict[str, float] | None = None  # sm_active, sm_occupancy, tensor_active, dram_active (0-1)
-    processes: list[RawProcess] = field(default_factory=list)
-    process_sm_utilization: dict[int, float] | None = None  # pid -> mean ratio since the last tick
 
 
 class NvmlDevice:
@@ -244,15 +196,15 @@ class Nvml:
         if rates is not None:
             gpu, memory = (fields(_UTILIZATION_LAYOUT, pynvml.c_nvmlUtilization_t, rates)
                            or (rates.gpu, rates.memory))
-            r.utilization_ratio = gpu / 100.0
+            r.rate_utilization_ratio = gpu / 100.0
             r.memory_utilization_ratio = memory / 100.0
-        r.utilization_samples = self._utilization_samples(device)
+        r.new_utilization_samples = self._utilization_samples(device)
         power = query(device, "power", pynvml.nvmlDeviceGetPowerUsage, h)
         r.power_watts = None if power is None else power / 1000.0
         limit = query(device, "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
         r.power_limit_watts = None if limit is None else limit / 1000.0
         energy = query(device, "energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
-        r.energy_joules = None if energy is None else energy / 1000.0
+        r.energy_counter_joules = None if energy is None else energy / 1000.0
         temp = query(device, "temperature", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
         r.temperature_celsius = None if temp is None else float(temp)
         sm = query(device, "sm_clock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
@@ -261,9 +213,12 @@ class Nvml:
         r.memory_clock_hertz = None if memclk is None else memclk * 1e6
         r.clock_event_mask = query(device, "clock_events", _clock_event_reasons, h)
         r.pcie = self._pcie(device)
-        r.ecc_uncorrected_errors = query(device, "ecc", _uncorrected_ecc_errors, h)
-        r.gpm = self._gpm(device)
-        r.processes = self._processes(device)
+        r.ecc_uncorrected_errors_total = query(device, "ecc", _uncorrected_ecc_errors, h)
+        gpm = self._gpm(device)
+        if gpm:
+            for name, value in gpm.items():
+                setattr(r, name, value)
+        r.nvml_processes = self._processes(device)
         r.process_sm_utilization = self._process_utilization(device)
         return r
 
@@ -300,8 +255,15 @@ class Nvml:
             log.warning("GPU %d: reading %s failed: %s (logged once until it recovers)",
                         index, reading, _describe(err))
 
-    def _utilization_samples(self, device: NvmlDevice) -> list[tuple[int, float]]:
-        return self._query(device, "utilization_samples", _new_utilization_samples, device) or []
+    def _utilization_samples(self, device: NvmlDevice) -> tuple[tuple[int, float], ...] | None:
+        """The new samples; None when this GPU keeps none (unsupported, or MIG), () when the call
+        failed this tick (the failure is counted)."""
+        if device.identity.mig_enabled:
+            return None  # not per MIG instance
+        samples = self._query(device, "utilization_samples", _new_utilization_samples, device)
+        if samples is None:
+            return None if "utilization_samples" in device.unsupported else ()
+        return samples
 
     def _pcie(self, device: NvmlDevice) -> PcieReading | None:
         h = device.handle
@@ -474,20 +436,20 @@ _UTILIZATION_LAYOUT = layout(pynvml.c_nvmlUtilization_t, "gpu", "memory")
 _FIELD_VALUE_LAYOUT = layout(pynvml.c_nvmlFieldValue_t, "nvmlReturn", "value.ullVal")
 
 
-def _new_utilization_samples(device: NvmlDevice) -> list[tuple[int, float]]:
+def _new_utilization_samples(device: NvmlDevice) -> tuple[tuple[int, float], ...]:
     """The driver's utilization samples newer than the device's cursor, which moves past them."""
     cursor = device.sample_cursor
     try:
         value_type, samples = pynvml.nvmlDeviceGetSamples(
             device.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, cursor)
     except pynvml.NVMLError_NotFound:
-        return []  # nothing new since the cursor (also what an idle GPU says)
+        return ()  # nothing new since the cursor (also what an idle GPU says)
     rows = unpack(_SAMPLE_LAYOUTS.get(value_type, _SAMPLE_UINT_LAYOUT), pynvml.c_nvmlSample_t, samples)
     if rows is None:
         rows = [(int(s.timeStamp), _sample_value(value_type, s.sampleValue)) for s in samples]
     # The cursor is opaque: only ever compare it with the driver's own timestamps. (An integer value
     # divides as its float does: value / 100.0 is _sample_value()'s float(value) / 100.0.)
-    out = [(ts, value / 100.0) for ts, value in rows if ts > cursor]
+    out = tuple([(ts, value / 100.0) for ts, value in rows if ts > cursor])
     if out:
         device.sample_cursor = max(ts for ts, _ in out)
     return out
@@ -530,7 +492,7 @@ def _uncorrected_ecc_errors(handle: Any) -> int:
         handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC))
 
 
-def _running_processes(handle: Any, kind: str) -> list[RawProcess]:
+def _running_processes(handle: Any, kind: ProcessKind) -> list[RawProcess]:
     if kind == "compute":
         v3, v2 = pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetComputeRunningProcesses_v2
     else:

@@ -1,0 +1,73 @@
+"""What the NVML boundary reads from one GPU in one tick, in base units: plain values, free of pynvml.
+
+A reading is None when this GPU does not provide it or when it failed this tick. Fields that
+``GpuReading`` (the Snapshot) has by the same name are passed into it unchanged by the sampler;
+the others (samples, counters, processes) are what the sampler derives its own values from. So
+adding a plain reading touches this class, the NVML call that fills it, the Snapshot, the
+collector and the metrics catalogue, and not the sampler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+ProcessKind = Literal["compute", "graphics"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceIdentity:
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    mig_enabled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RawProcess:
+    """A process with a context on the GPU, as NVML lists it (a host pid)."""
+
+    pid: int
+    kind: ProcessKind
+    memory_used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PcieReading:
+    """Either cumulative byte counters (exact) or instantaneous rates (to be integrated by the caller)."""
+
+    cumulative: bool
+    tx: float  # bytes (cumulative) or bytes/s (rate)
+    rx: float
+
+
+@dataclass(slots=True)
+class DeviceReadings:
+    """One tick's readings of one GPU, in base units."""
+
+    # The driver's utilization samples newer than the last tick: (driver µs, ratio 0-1). None when
+    # this GPU keeps no such buffer (not supported, MIG); () when it has nothing new (an idle GPU).
+    new_utilization_samples: tuple[tuple[int, float], ...] | None = ()
+    rate_utilization_ratio: float | None = None  # the instantaneous rate, used when no samples are new
+    energy_counter_joules: float | None = None  # the driver's counter: resets when the driver reloads
+    clock_event_mask: int | None = None
+    pcie: PcieReading | None = None
+    nvml_processes: list[RawProcess] = field(default_factory=list)
+    process_sm_utilization: dict[int, float] | None = None  # pid -> mean ratio since the last tick
+    # Plain readings: the Snapshot's fields of the same names.
+    memory_utilization_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    temperature_celsius: float | None = None
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    ecc_uncorrected_errors_total: int | None = None
+    # GPM (Hopper and newer; None elsewhere, on MIG, and on the first tick): ratios 0-1.
+    sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
