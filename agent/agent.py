@@ -5,10 +5,8 @@ from __future__ import annotations
 import gc
 import logging
 import signal
-import socket
 import threading
 from types import FrameType
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
@@ -24,12 +22,11 @@ from gpuscope.control.errors import ControlServerError
 from gpuscope.control.server import ControlServer
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
+from gpuscope.exporters.health import SourceHealthCollector
 from gpuscope.exporters.pods import PodResourcesCollector
-from gpuscope.exporters.prometheus import GpuscopeCollector
-from gpuscope.host.pods import PodAttribution
-from gpuscope.host.processes import ProcessInspector
-from gpuscope.nvml.boundary import Nvml
-from gpuscope.sampler import Sampler
+from gpuscope.exporters.prometheus import SnapshotCollector
+from gpuscope.health import SourceHealth
+from gpuscope.sampling import NodeSampling
 from gpuscope.systemd_notify import SystemdNotifier
 from gpuscope.web.server import AgentHttpServer
 
@@ -41,38 +38,22 @@ class Agent:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.simulation: Any = None
+        self.health = SourceHealth()
+        self.sampling = NodeSampling(settings, health=self.health)
+        self.simulation = self.sampling.simulation
+        self.hostname = self.sampling.hostname
+        self.pods = self.sampling.pods
+        self.sampler = self.sampling.sampler
         try:
             self._build(settings)
         except BaseException:
-            simulation = getattr(self, "simulation", None)  # set by _build, if it got that far
-            if simulation is not None:
-                simulation.uninstall()  # e.g. the simulated kubelet's temporary directory
+            self.sampling.uninstall()  # e.g. the simulated kubelet's temporary directory
             raise
 
     def _build(self, settings: Settings) -> None:
-        if settings.simulate:
-            # Imported lazily: the simulator (and its helper processes) exist only with --simulate.
-            from gpuscope.simulate import Simulation, load_scenario
-
-            self.simulation = Simulation(load_scenario(settings.simulate))
-        self.hostname = settings.node_name or socket.gethostname()
-        self.nvml = Nvml()
-        self.pods = self._pod_attribution(settings)
-        self.sampler = Sampler(
-            self.nvml,
-            ProcessInspector(include_cmdline=settings.processes.cmdline),
-            interval_seconds=settings.sample_interval,
-            idle_dip_threshold=settings.idle_dips.threshold,
-            idle_dip_max_seconds=settings.idle_dips.max_duration,
-            hostname=self.hostname,
-            retry_initial_seconds=settings.nvml.retry_initial,
-            retry_max_seconds=settings.nvml.retry_max,
-            pods=self.pods.pods_for if self.pods is not None else None,
-        )
         self.registry = CollectorRegistry(auto_describe=False)
-        collector = GpuscopeCollector(self.sampler.latest, include_cmdline=settings.processes.cmdline)
-        self.registry.register(collector)
+        self.registry.register(SnapshotCollector(self.sampler, include_cmdline=settings.processes.cmdline))
+        self.registry.register(SourceHealthCollector(self.health))
         self.systemd = SystemdNotifier()
         self.sampler.add_listener(self.systemd.on_snapshot)
         if self.pods is not None:
@@ -84,14 +65,14 @@ class Agent:
         self.event_log: AlertEventLog | None = None
         self.notifier: AlertmanagerNotifier | None = None
         if alerting.enabled:
-            self.alerts = AlertEngine(build_rules(alerting.rules), hostname=self.hostname)
+            self.alerts = AlertEngine(build_rules(alerting.rules), hostname=self.hostname, health=self.health)
             self.sampler.add_listener(self.alerts.on_snapshot)
             self.registry.register(AlertCollector(self.alerts))
             if alerting.event_log.path is not None:
                 self.event_log = AlertEventLog(alerting.event_log)
                 self.alerts.add_listener(self.event_log)
-        self.captures: Captures | None = build_captures(settings.capture, snapshots=self.sampler.latest,
-                                                        hostname=self.hostname)
+        self.captures: Captures | None = build_captures(settings.capture, snapshots=self.sampler,
+                                                        hostname=self.hostname, health=self.health)
         self.webhook: WebhookReceiver | None = None
         if self.captures is not None:
             if self.alerts is not None:
@@ -105,30 +86,17 @@ class Agent:
                 settings.control,
                 service=self.captures.service if self.captures is not None else None,
                 store=self.captures.store if self.captures is not None else None,
-                snapshots=self.sampler.latest, alerts=self.alerts, hostname=self.hostname)
+                snapshots=self.sampler, alerts=self.alerts, hostname=self.hostname)
         self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler,
                                     alerts=self.alerts, webhook=self.webhook)
         self._stopped = False
 
-    def _pod_attribution(self, settings: Settings) -> PodAttribution | None:
-        config = settings.pods
-        if not config.enabled:
-            return None
-        socket = config.socket
-        # A simulated node with pods brings its own kubelet, unless the socket was set explicitly.
-        if self.simulation is not None and "socket" not in config.model_fields_set:
-            socket = self.simulation.kubelet_socket or socket
-        return PodAttribution(socket, refresh_interval=config.refresh_interval, timeout=config.timeout,
-                              keep_for=config.keep_for)
-
     def start(self) -> None:
-        if self.simulation is not None:
-            self.simulation.install()
+        self.sampling.install()
         try:
             self.http.start()  # bind first: a busy port is a start-up error, before any thread runs
         except BaseException:
-            if self.simulation is not None:
-                self.simulation.uninstall()
+            self.sampling.uninstall()
             raise
         host, port = self.http.bound_address[:2]
         if self.webhook is not None:
@@ -177,8 +145,7 @@ class Agent:
             self.event_log.close()
         if self.captures is not None:
             self.captures.stop()
-        if self.simulation is not None:
-            self.simulation.uninstall()
+        self.sampling.uninstall()
 
     def run_until_signalled(self) -> None:
         """Serve until SIGTERM or SIGINT, then stop (well within 2 s)."""

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuscope.counters import RateIntegrator, ResetSafeCounter
+from gpuscope.health import SourceHealth
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.idle_dips import IdleDipCounter
 from gpuscope.nvml.boundary import GpuLostError, Nvml, NvmlDevice, NvmlUnavailable
@@ -70,6 +71,7 @@ class Sampler:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         pods: PodLookup | None = None,
+        health: SourceHealth | None = None,
     ) -> None:
         self._nvml = nvml
         self._inspector = inspector
@@ -82,6 +84,8 @@ class Sampler:
         self._clock = clock
         self._wall_clock = wall_clock
         self._pods = pods or _no_pods
+        self._health = health
+        self._process_seconds = 0.0  # this tick's time in process mapping (part of every GPU's read)
 
         self._devices: list[NvmlDevice] = []
         self._driver_version: str | None = None
@@ -158,6 +162,8 @@ class Sampler:
         """Read everything once and publish a new Snapshot."""
         started = time.perf_counter()
         now = self._clock()
+        self._process_seconds = 0.0
+        errors_before = sum(self._nvml.error_counts.values())
         self._ensure_nvml(now)
         gpus: list[GpuReading] = []
         pids: set[int] = set()
@@ -165,7 +171,11 @@ class Sampler:
             reading = self._read_gpu(device, now)
             gpus.append(reading)
             pids.update(p.pid for p in reading.processes)
+        mapped = time.perf_counter()
         self._inspector.retain(pids)
+        self._process_seconds += time.perf_counter() - mapped
+        if self._health is not None:
+            self._record_health(gpus, errors_before, time.perf_counter() - started)
         snapshot = Snapshot(
             timestamp=self._wall_clock(),
             hostname=self._hostname,
@@ -184,6 +194,15 @@ class Sampler:
             except Exception:
                 log.exception("snapshot listener %r failed", listener)
         return snapshot
+
+    def _record_health(self, gpus: list[GpuReading], errors_before: int, elapsed: float) -> None:
+        """nvml: up, every GPU read and no reading failed this tick; processes: pids can be mapped."""
+        assert self._health is not None
+        nvml_ok = (self._nvml.initialized and all(g.up for g in gpus)
+                   and sum(self._nvml.error_counts.values()) == errors_before)
+        self._health.record("nvml", success=nvml_ok, duration_seconds=elapsed - self._process_seconds)
+        self._health.record("processes", success=self._inspector.host_pid_namespace,
+                            duration_seconds=self._process_seconds)
 
     def _ensure_nvml(self, now: float) -> None:
         if self._nvml.initialized or now < self._next_init_at:
@@ -280,6 +299,7 @@ class Sampler:
         return reasons
 
     def _processes(self, raw: DeviceReadings) -> tuple[ProcessReading, ...]:
+        started = time.perf_counter()
         out = []
         describe = self._inspector.describe
         per_pid = raw.process_sm_utilization
@@ -300,4 +320,5 @@ class Sampler:
                 container_id=host.container_id,
                 cmdline=host.cmdline,
             ))
+        self._process_seconds += time.perf_counter() - started
         return tuple(out)

@@ -42,7 +42,7 @@ from gpuscope.generated.tsl import profiler_service_pb2, profiler_service_pb2_gr
 
 __all__ = ["BUSY_MESSAGE", "ProfilerServer", "serve"]
 
-_log = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 BUSY_MESSAGE = "Another profiling session active."
 TRACE_SUFFIX = ".pt.trace.json.gz"
@@ -101,7 +101,7 @@ def serve(port: int = 6009, host: str = "0.0.0.0", *,
     if not bound:
         raise OSError(f"cannot listen on {bind}")
     server.start()
-    _log.info("gpuscope profiler server listening on %s (pid %d)", bind.rsplit(":", 1)[0] + f":{bound}",
+    log.info("gpuscope profiler server listening on %s (pid %d)", bind.rsplit(":", 1)[0] + f":{bound}",
               os.getpid())
     handle = ProfilerServer(server, servicer, host, bound)
     _LIVE.add(handle)  # `serve(...)` as a bare statement must not let the server be collected
@@ -126,7 +126,7 @@ class _TorchProfiler:
             torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
         except (AttributeError, TypeError):
             self.all_threads = False
-            _log.warning("this torch (%s) cannot profile all threads (_ExperimentalConfig"
+            log.warning("this torch (%s) cannot profile all threads (_ExperimentalConfig"
                          "(profile_all_threads=True)): captures will miss the training thread's ops",
                          getattr(torch, "__version__", "?"))
 

@@ -5,7 +5,7 @@ Run: python bench/scrape.py [--gpus 8] [--processes 4] [--rounds 2000] [--reques
 
 Times, as median and p99 over many rounds:
 
-* ``collect``: building the metric families (GpuscopeCollector + ProcessCollector, as the agent
+* ``collect``: building the metric families (SnapshotCollector + ProcessCollector, as the agent
   registers them), without encoding;
 * ``render``: encoding alone (of families collected once), with prometheus_client's encoders and
   with gpuscope.exporters.exposition's, text 0.0.4 and OpenMetrics;
@@ -35,12 +35,12 @@ from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics_exposition
 from prometheus_client.process_collector import ProcessCollector
 
-from gpuscope.exporters.prometheus import GpuscopeCollector
+from gpuscope.exporters.prometheus import SnapshotCollector
 from gpuscope.snapshot import Snapshot
 from gpuscope.web.server import AgentHttpServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from snapshots import make_gpus, make_snapshot  # the test builders (tests/ is not a package)
+from snapshots import FakeSource, make_gpus, make_snapshot  # the test builders (tests/ is not a package)
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 generate_openmetrics: Callable[..., bytes] = openmetrics_exposition.generate_latest  # (untyped there)
@@ -130,7 +130,7 @@ def main() -> None:
 
     snapshot = make_snapshot(gpus=make_gpus(args.gpus, args.processes))
     registry = CollectorRegistry()
-    registry.register(GpuscopeCollector(lambda: snapshot, include_cmdline=args.cmdline))
+    registry.register(SnapshotCollector(FakeSource(snapshot), include_cmdline=args.cmdline))
     ProcessCollector(registry=registry)
     families = list(registry.collect())
     pairs = sum(len(sample.labels) for family in families for sample in family.samples)

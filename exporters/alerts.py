@@ -1,6 +1,6 @@
 """Prometheus exposition of the agent's own alerts, as a custom ``prometheus_client`` collector.
 
-Like GpuscopeCollector, every scrape builds fresh families from what the AlertSource reports now: an
+Like SnapshotCollector, every scrape builds fresh families from what the AlertSource reports now: an
 alert that stops firing is gone from the next scrape. Pending alerts are not exported (Prometheus'
 own ``ALERTS`` series has them, with an ``alertstate`` label; the agent's are for dashboards that
 show what the agent itself concluded). The catalogue entries are in docs/metrics.md ("Alerts").

@@ -2,7 +2,7 @@
 
 Nothing is exported on a node that never had a kubelet pod-resources socket, so bare-metal hosts do
 not carry a permanently "down" series. The attribution itself (``gpu_pod_info`` and the ``pod``
-labels) comes with the Snapshot, in ``prometheus.GpuscopeCollector``.
+labels) comes with the Snapshot, in ``prometheus.SnapshotCollector``.
 """
 
 from __future__ import annotations

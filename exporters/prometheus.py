@@ -8,14 +8,14 @@ types, units and labels is docs/metrics.md; tests/test_exporter.py keeps the two
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
-from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot
+from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot, SnapshotSource
 from gpuscope.version import __version__
 
 CMDLINE_MAX_CHARS = 256  # keeps label values (and series size) bounded for long argv lists
@@ -111,15 +111,15 @@ _Family = GaugeMetricFamily | CounterMetricFamily
 _CLOCK_EVENT_NAMES: tuple[str, ...] = tuple(CLOCK_EVENT_REASONS.values())
 
 
-class GpuscopeCollector(Collector):
-    """Renders the latest Snapshot from ``source`` as Prometheus metric families on every scrape.
+class SnapshotCollector(Collector):
+    """Renders the latest Snapshot of ``source`` as Prometheus metric families on every scrape.
 
-    ``source`` returns None before the first sampling tick; only the build info and
-    ``gpuscope_nvml_up 0`` are exported then. ``include_cmdline`` adds a ``cmdline`` label to the
+    Before the first sampling tick (no snapshot yet) only the build info and ``gpuscope_nvml_up 0``
+    are exported. ``include_cmdline`` adds a ``cmdline`` label to the
     per-process series (off by default: command lines can hold secrets and are high-cardinality).
     """
 
-    def __init__(self, source: Callable[[], Snapshot | None], *, include_cmdline: bool = False) -> None:
+    def __init__(self, source: SnapshotSource, *, include_cmdline: bool = False) -> None:
         self._source = source
         self._include_cmdline = include_cmdline
         self._process_labels: tuple[str, ...] = (
@@ -131,7 +131,7 @@ class GpuscopeCollector(Collector):
         return []
 
     def collect(self) -> Iterable[Metric]:
-        snapshot = self._source()
+        snapshot = self._source.latest()
         families: list[Metric] = [
             _gauge("gpuscope_build_info", _HELP_BUILD_INFO, ("version",), [((__version__,), 1)])
         ]

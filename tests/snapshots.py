@@ -9,8 +9,8 @@ Values are deterministic (derived from the index or pid), so golden files stay s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot, UtilizationSample
@@ -156,3 +156,22 @@ def make_full_snapshot() -> Snapshot:
 def with_gpus(snapshot: Snapshot, gpus: Sequence[GpuReading]) -> Snapshot:
     """``snapshot`` with its GPUs replaced."""
     return replace(snapshot, gpus=tuple(gpus))
+
+
+@dataclass
+class FakeSource:
+    """A SnapshotSource whose answers the test sets: a snapshot, or a function read at every call."""
+
+    snapshot: Snapshot | Callable[[], Snapshot | None] | None = None
+    alive: bool = True
+    interval: float = 1.0
+
+    @property
+    def interval_seconds(self) -> float:
+        return self.interval
+
+    def latest(self) -> Snapshot | None:
+        return self.snapshot() if callable(self.snapshot) else self.snapshot
+
+    def is_alive(self) -> bool:
+        return self.alive

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,14 +46,29 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+class Synced:
+    """An AlertEventLog whose every call waits until its worker thread has handled the line, so that
+    a test can look at the file (and the counters) right after it."""
+
+    def __init__(self, log: AlertEventLog) -> None:
+        self.log = log
+
+    def __call__(self, transition: Transition) -> None:
+        self.log(transition)
+        assert self.log.flush(timeout=10)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.log, name)
+
+
 @pytest.fixture
 def make_log(clock: FakeClock) -> Iterator[Any]:
     logs: list[AlertEventLog] = []
 
-    def make(path: Path, **config: Any) -> AlertEventLog:
+    def make(path: Path, **config: Any) -> Synced:
         log = AlertEventLog(EventLogConfig(path=str(path), **config), clock=clock, retry_seconds=30.0)
         logs.append(log)
-        return log
+        return Synced(log)
 
     yield make
     for log in logs:
@@ -216,12 +232,14 @@ def test_buffer_is_bounded_during_an_outage(tmp_path: Path, clock: FakeClock) ->
     log = AlertEventLog(EventLogConfig(path=str(path)), clock=clock, buffer_lines=3)
     for n in range(10):
         log(transition(n))
-    assert log.dropped == 7
+    assert log.flush(timeout=10)
+    assert log.dropped == 7 and log.errors >= 1
     blocker.unlink()
     clock.now += 31
-    log(transition(10))
+    log(transition(10))  # the oldest of the three is dropped for it
     log.close()
     assert [line["labels"]["n"] for line in read_lines(path)] == ["8", "9", "10"]
+    assert log.dropped == 8
 
 
 def test_a_file_moved_away_is_noticed_and_the_path_reopened(tmp_path: Path, make_log: Any) -> None:
@@ -261,3 +279,32 @@ def test_thread_safe(tmp_path: Path, make_log: Any) -> None:
     lines = [line for f in tmp_path.iterdir() for line in read_lines(f)]
     assert sorted(int(line["labels"]["n"]) for line in lines) == sorted(
         k * 1000 + n for k in range(4) for n in range(200))
+
+
+def test_a_hanging_disk_never_holds_up_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler thread calls the log; a write that hangs (a hung NFS mount) holds only the log's
+    own worker thread, and close() gives up on it after a second."""
+    released = threading.Event()
+    entered = threading.Event()
+    real_open = AlertEventLog._open
+
+    def hanging_open(self: AlertEventLog) -> None:
+        entered.set()
+        released.wait(timeout=30)
+        real_open(self)
+
+    monkeypatch.setattr(AlertEventLog, "_open", hanging_open)
+    log = AlertEventLog(EventLogConfig(path=str(tmp_path / "alerts.jsonl")))
+    try:
+        log(transition(0))
+        assert entered.wait(timeout=10)  # the worker is stuck in the write
+        started = time.monotonic()
+        for n in range(1, 200):
+            log(transition(n))
+        assert time.monotonic() - started < 0.5
+        assert not log.flush(timeout=0.2)
+        started = time.monotonic()
+        log.close()
+        assert time.monotonic() - started < 2.0
+    finally:
+        released.set()

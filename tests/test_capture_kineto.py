@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from capturing import TORCH_WORKLOAD, DirectoryStaging, Workload, require_torch, start, stop, wait_ready
+from snapshots import FakeSource
 
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.factory import Captures, build_captures
@@ -529,7 +530,7 @@ def test_many_processes_poll_at_once(short_dir: Path) -> None:
 def configured(tmp_path: Path, **kineto: Path) -> Captures:
     config = CaptureConfig.model_validate({"store": {"root": str(tmp_path / "store")},
                                            "kineto": {k: str(v) for k, v in kineto.items()}})
-    captures = build_captures(config, snapshots=lambda: None, hostname="node-1")
+    captures = build_captures(config, snapshots=FakeSource(), hostname="node-1")
     assert captures is not None
     return captures
 

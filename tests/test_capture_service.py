@@ -54,7 +54,7 @@ def test_an_alert_captures_the_jax_job_once_then_cooldown(jax_job: Workload, tmp
                       wall_clock=lambda: 1.7e9 + clock.now, hostname="sim-node")
     service = CaptureService(store=store, policy=policy,
                              resolver=TargetResolver(profiler_ports=config.profiler_ports, static_targets=[]),
-                             backends={"tsl": TslProfilerBackend()}, snapshots=sampler.latest,
+                             backends={"tsl": TslProfilerBackend()}, snapshots=sampler,
                              hostname="sim-node", deadline_margin_s=config.deadline_margin)
     engine = AlertEngine(build_rules(RulesConfig()), hostname="sim-node")
     sampler.add_listener(engine.on_snapshot)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -102,6 +103,7 @@ def test_busy_port_is_a_clear_startup_error(tmp_path: Path) -> None:
         result = gpuscope("run", "--web.listen-address", f"127.0.0.1:{port}", timeout=30)
     assert result.returncode != 0
     assert str(port) in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.count("cannot listen") == 1, result.stderr  # said once, not wrapped twice
 
 
 def test_sigterm_stops_cleanly_within_two_seconds_and_reaps_helpers(tmp_path: Path) -> None:
@@ -142,3 +144,24 @@ def test_config_check_refuses_with_the_key_path(tmp_path: Path, text: str, expec
     result = gpuscope("config", "check", str(path))
     assert result.returncode == 2, result.stdout
     assert result.stderr.splitlines()[1:] == [f"  {expected}"], result.stderr
+
+
+def test_snapshot_is_taken_with_the_agents_wiring_pods_included() -> None:
+    """`snapshot` samples the node as `run` does: on the demo node its simulated kubelet names pods."""
+    result = gpuscope("snapshot", "--simulate", "demo", "--json")
+    assert result.returncode == 0, result.stderr
+    pods = [pod for gpu in json.loads(result.stdout)["gpus"] for pod in gpu["pods"]]
+    assert pods and all(pod["namespace"] and pod["pod"] for pod in pods), pods
+
+
+def test_a_running_agent_reports_each_source_it_runs(tmp_path: Path) -> None:
+    """nvml, processes, pods (the demo node's simulated kubelet), alerts and captures (its worker)."""
+    with run_agent(tmp_path, "--simulate", "demo", "--sample-interval", "200ms") as agent:
+        agent.wait_for("/metrics", 'gpuscope_collector_success{collector="pods"}')
+        body = agent.wait_for("/metrics", 'gpuscope_collector_duration_seconds{collector="alerts"}')
+    success = {source: float(value) for source, value in
+               re.findall(r'gpuscope_collector_success\{collector="(\w+)"\} (\S+)', body)}
+    assert set(success) == {"nvml", "processes", "pods", "alerts", "captures"}, body
+    assert success["nvml"] == success["alerts"] == success["captures"] == 1.0
+    durations = set(re.findall(r'gpuscope_collector_duration_seconds\{collector="(\w+)"\}', body))
+    assert durations == {"nvml", "processes", "pods", "alerts"}  # no capture has run yet

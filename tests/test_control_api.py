@@ -25,6 +25,7 @@ import grpc
 import pytest
 from capturing import Workload
 from pydantic import ValidationError
+from snapshots import FakeSource
 from test_alert_scenarios import ManualClock
 from test_capture_service import scenario_for
 
@@ -143,9 +144,10 @@ def running_node(tmp: Path, *, capture: dict[str, Any] | None = None, control: d
                 store=store, policy=CapturePolicy(capture_config),
                 resolver=TargetResolver(profiler_ports=[6009],
                                         static_targets=[StaticTarget(address=PROFILER, all=True)]),
-                backends={"tsl": backend}, snapshots=lambda: snapshot, hostname="node", deadline_margin_s=5.0)
+                backends={"tsl": backend}, snapshots=FakeSource(snapshot), hostname="node",
+                deadline_margin_s=5.0)
             service.start()
-        server = ControlServer(config, service=service, store=store, snapshots=lambda: snapshot,
+        server = ControlServer(config, service=service, store=store, snapshots=FakeSource(snapshot),
                                alerts=alerts, hostname="node")
         server.start()
         try:
@@ -298,11 +300,11 @@ def test_a_stale_socket_is_replaced_a_live_one_or_a_file_is_refused(tmp_path: Pa
         stale.bind(str(path))
         stale.close()  # bound, never listening: nobody answers
         config = ControlConfig.model_validate({"socket": str(path), "socket_mode": "0600"})
-        first = ControlServer(config, service=None, store=None, snapshots=lambda: None, alerts=None)
+        first = ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None)
         first.start()
         try:
             assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
-            second = ControlServer(config, service=None, store=None, snapshots=lambda: None, alerts=None)
+            second = ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None)
             with pytest.raises(ControlServerError, match="another process is serving"):
                 second.start()
             assert stat.S_ISSOCK(os.lstat(path).st_mode)  # the live one is untouched
@@ -312,7 +314,7 @@ def test_a_stale_socket_is_replaced_a_live_one_or_a_file_is_refused(tmp_path: Pa
             first.stop()
         path.write_text("not a socket")
         with pytest.raises(ControlServerError, match="exists and is not a socket"):
-            ControlServer(config, service=None, store=None, snapshots=lambda: None, alerts=None).start()
+            ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None).start()
         assert path.read_text() == "not a socket"
 
 
@@ -321,7 +323,7 @@ def test_an_uncreatable_socket_directory_is_a_clear_error(tmp_path: Path) -> Non
         (folder / "file").write_text("")
         path = folder / "file" / "control.sock"
         server = ControlServer(ControlConfig.model_validate({"socket": str(path)}), service=None, store=None,
-                               snapshots=lambda: None, alerts=None)
+                               snapshots=FakeSource(), alerts=None)
         with pytest.raises(ControlServerError, match=re.escape(str(path.parent))):
             server.start()
         server.stop()  # harmless
@@ -641,7 +643,7 @@ def test_tcp_setup_errors_are_clear(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("short")
     with short_dir() as folder:
         config = ControlConfig.model_validate({"socket": str(folder / "c.sock"), **control})
-        server = ControlServer(config, service=None, store=None, snapshots=lambda: None, alerts=None)
+        server = ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None)
         with pytest.raises(ControlServerError, match="shorter than 16") as caught:
             server.start()
         assert "short" not in str(caught.value).replace("shorter", "")  # the token is never shown
@@ -651,7 +653,7 @@ def test_tcp_setup_errors_are_clear(tmp_path: Path) -> None:
         (tmp_path / "token").write_text(TOKEN)
         config = ControlConfig.model_validate({"socket": str(folder / "c.sock"), "tcp": missing})
         with pytest.raises(ControlServerError, match=r"missing\.crt"):
-            ControlServer(config, service=None, store=None, snapshots=lambda: None, alerts=None).start()
+            ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None).start()
 
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
@@ -659,7 +661,7 @@ def test_tcp_setup_errors_are_clear(tmp_path: Path) -> None:
             busy = {**control["tcp"], "listen_address": f"127.0.0.1:{taken.getsockname()[1]}"}
             config = ControlConfig.model_validate({"socket": str(folder / "c.sock"), "tcp": busy})
             with pytest.raises(ControlServerError, match=r"cannot listen on control\.tcp\.listen_address"):
-                ControlServer(config, service=None, store=None, snapshots=lambda: None, alerts=None).start()
+                ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None).start()
     with pytest.raises(ControlError, match="needs a bearer token"):
         ControlClient("127.0.0.1:1", tls_ca=pki.ca)
 
@@ -730,14 +732,14 @@ def test_a_real_jax_capture_through_the_api(jax_job: Workload, tmp_path: Path) -
                       wall_clock=lambda: 1.7e9 + clock.now, hostname="sim-node")
     service = CaptureService(store=store, policy=CapturePolicy(config),
                              resolver=TargetResolver(profiler_ports=config.profiler_ports, static_targets=[]),
-                             backends={"tsl": TslProfilerBackend()}, snapshots=sampler.latest,
+                             backends={"tsl": TslProfilerBackend()}, snapshots=sampler,
                              hostname="sim-node", deadline_margin_s=config.deadline_margin)
     service.start()
     try:
         sampler.tick()  # GPU 1 runs the JAX job (its real pid)
         with short_dir() as folder:
             control = ControlConfig.model_validate({"socket": str(folder / "control.sock")})
-            server = ControlServer(control, service=service, store=store, snapshots=sampler.latest,
+            server = ControlServer(control, service=service, store=store, snapshots=sampler,
                                    alerts=None, hostname="sim-node")
             server.start()
             try:

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from snapshots import (
     DRIVER_VERSION,
     MIB,
+    FakeSource,
     gpu_uuid,
     make_full_snapshot,
     make_gpu,
@@ -38,7 +39,9 @@ from gpuscope.alerts.model import Alert, AlertState, Severity, TransitionState
 from gpuscope.capture.model import Outcome, TriggerKind
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
-from gpuscope.exporters.prometheus import CMDLINE_MAX_CHARS, GpuscopeCollector
+from gpuscope.exporters.health import SourceHealthCollector
+from gpuscope.exporters.prometheus import CMDLINE_MAX_CHARS, SnapshotCollector
+from gpuscope.health import SOURCES, SourceHealth
 from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
 from gpuscope.snapshot import GpuReading, PodContainer, Snapshot
 from gpuscope.version import __version__
@@ -54,13 +57,13 @@ VERSION_PLACEHOLDER = "@VERSION@"
 
 def collect(snapshot: Snapshot | None, include_cmdline: bool = False) -> dict[str, Metric]:
     """The families one scrape yields, by exposed name (counters with ``_total``)."""
-    collector = GpuscopeCollector(lambda: snapshot, include_cmdline=include_cmdline)
+    collector = SnapshotCollector(FakeSource(snapshot), include_cmdline=include_cmdline)
     return {_exposed_name(m): m for m in collector.collect()}
 
 
 def render(snapshot: Snapshot | None, include_cmdline: bool = False, openmetrics: bool = False) -> str:
     registry = CollectorRegistry()
-    registry.register(GpuscopeCollector(lambda: snapshot, include_cmdline=include_cmdline))
+    registry.register(SnapshotCollector(FakeSource(snapshot), include_cmdline=include_cmdline))
     encode = generate_openmetrics if openmetrics else generate_latest
     return encode(registry).decode()
 
@@ -147,6 +150,7 @@ def test_full_snapshot_renders_exactly_the_catalogue() -> None:
     # the Pods table's gpuscope_pod_resources_* rows PodResourcesCollector's (test_pods.py).
     documented = set(parse_catalogue(text)) - set(parse_catalogue(catalogue_section(text, "Alerts")))
     documented -= set(parse_catalogue(catalogue_section(text, "Captures")))
+    documented -= set(parse_catalogue(catalogue_section(text, "Sources")))  # SourceHealthCollector's
     documented = {row for row in documented if not row.name.startswith("gpuscope_pod_resources_")}
     emitted = set()
     for family in collect(make_full_snapshot(), include_cmdline=True).values():
@@ -435,7 +439,7 @@ def test_process_with_compute_and_graphics_contexts_is_not_duplicated() -> None:
 
 def test_vanished_processes_and_gpus_vanish_from_the_next_scrape() -> None:
     current: list[Snapshot] = [make_snapshot(gpus=make_gpus(2, processes_per_gpu=2))]
-    collector = GpuscopeCollector(lambda: current[0])
+    collector = SnapshotCollector(FakeSource(lambda: current[0]))
     first = {m.name: len(m.samples) for m in collector.collect()}
     assert first["gpu_process_info"] == 4
     assert first["gpu_up"] == 2
@@ -450,7 +454,7 @@ def test_describe_does_not_collect() -> None:
         raise AssertionError("the source must not be read at registration")
 
     registry = CollectorRegistry(auto_describe=True)
-    collector = GpuscopeCollector(source)
+    collector = SnapshotCollector(FakeSource(source))
     registry.register(collector)
     assert list(collector.describe()) == []
 
@@ -660,3 +664,30 @@ def test_capture_collector_values_and_absence() -> None:
     # No store (captures disabled): nothing at all.
     stats.stored = None
     assert list(CaptureCollector(stats).collect()) == []
+
+
+# -- per-source health ------------------------------------------------------------------------------
+
+
+def test_source_health_collector_renders_exactly_the_catalogue() -> None:
+    health = SourceHealth()
+    for source in SOURCES:
+        health.record(source, success=source != "pods", duration_seconds=0.25)
+    documented = set(parse_catalogue(catalogue_section(CATALOGUE.read_text(), "Sources")))
+    emitted = {CatalogueRow(_exposed_name(f), f.type, f.unit, frozenset({"collector"}), f.documentation)
+               for f in SourceHealthCollector(health).collect()}
+    assert emitted == documented
+    families = {_exposed_name(f): f for f in SourceHealthCollector(health).collect()}
+    success = {s.labels["collector"]: s.value for s in families["gpuscope_collector_success"].samples}
+    assert success == {"nvml": 1.0, "processes": 1.0, "pods": 0.0, "alerts": 1.0, "captures": 1.0}
+
+
+def test_a_source_that_never_ran_has_no_duration_and_one_that_is_off_no_series() -> None:
+    health = SourceHealth()
+    assert list(SourceHealthCollector(health).collect()) == []
+    health.record("captures", success=True, duration_seconds=None)  # the worker is up, nothing captured
+    families = {_exposed_name(f): f for f in SourceHealthCollector(health).collect()}
+    assert [s.labels for s in families["gpuscope_collector_success"].samples] == [{"collector": "captures"}]
+    assert "gpuscope_collector_duration_seconds" not in families
+    with pytest.raises(ValueError, match="unknown source"):
+        health.record("gpu", success=True, duration_seconds=0.0)

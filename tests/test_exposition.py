@@ -32,6 +32,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.samples import Exemplar, Timestamp
 from snapshots import (
     CONTAINER_ID,
+    FakeSource,
     make_full_snapshot,
     make_gpu,
     make_gpus,
@@ -42,7 +43,7 @@ from snapshots import (
 
 from gpuscope.exporters import exposition
 from gpuscope.exporters.exposition import negotiate, render_openmetrics, render_text, restrict_families
-from gpuscope.exporters.prometheus import GpuscopeCollector
+from gpuscope.exporters.prometheus import SnapshotCollector
 from gpuscope.snapshot import Snapshot
 from gpuscope.version import __version__
 
@@ -86,7 +87,7 @@ def assert_same(families: Iterable[Metric], escaping: str = "underscores") -> No
 
 
 def gpuscope_families(snapshot: Snapshot | None, include_cmdline: bool = False) -> list[Metric]:
-    return list(GpuscopeCollector(lambda: snapshot, include_cmdline=include_cmdline).collect())
+    return list(SnapshotCollector(FakeSource(snapshot), include_cmdline=include_cmdline).collect())
 
 
 def gauge(name: str, help_text: str, labels: dict[str, str], value: float = 1.0, unit: str = "") -> Metric:
@@ -138,10 +139,10 @@ def test_golden_files(filename: str, snapshot: Callable[[], Snapshot], openmetri
 
 
 def test_our_collector_and_process_collector_in_one_registry() -> None:
-    """What the agent registers: GpuscopeCollector and prometheus_client's ProcessCollector."""
+    """What the agent registers: SnapshotCollector and prometheus_client's ProcessCollector."""
     snapshot = make_snapshot(gpus=make_gpus(8, processes_per_gpu=4))
     registry = CollectorRegistry()
-    registry.register(GpuscopeCollector(lambda: snapshot, include_cmdline=True))
+    registry.register(SnapshotCollector(FakeSource(snapshot), include_cmdline=True))
     ProcessCollector(registry=registry)
     families = list(registry.collect())  # once: the process's CPU time moves between collects
     assert any(family.name.startswith("process_") for family in families)
@@ -155,7 +156,7 @@ def test_the_agents_families_take_the_fast_path(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(exposition, "_slow_text", lambda *args: slow.append(args))
     monkeypatch.setattr(exposition, "_slow_openmetrics", lambda *args: slow.append(args))
     registry = CollectorRegistry()
-    registry.register(GpuscopeCollector(make_full_snapshot, include_cmdline=True))
+    registry.register(SnapshotCollector(FakeSource(make_full_snapshot), include_cmdline=True))
     ProcessCollector(registry=registry)
     for escaping in ("underscores", "allow-utf-8"):
         render_text(registry.collect(), escaping)

@@ -18,35 +18,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
-from snapshots import make_full_snapshot, make_snapshot
+from snapshots import FakeSource, make_full_snapshot, make_snapshot
 
 from gpuscope.alerts.model import Alert, AlertState, TransitionState
-from gpuscope.exporters.prometheus import GpuscopeCollector
+from gpuscope.exporters.prometheus import SnapshotCollector
 from gpuscope.snapshot import Snapshot
 from gpuscope.version import __version__
 from gpuscope.web.server import AgentHttpServer, ListenError
 
 TIMEOUT = 5.0
 NOW = 5000.0  # the fake monotonic clock; snapshots are stamped relative to it
-
-
-@dataclass
-class FakeSource:
-    """A SnapshotSource whose answers the test sets."""
-
-    snapshot: Snapshot | None = None
-    alive: bool = True
-    interval: float = 1.0
-
-    @property
-    def interval_seconds(self) -> float:
-        return self.interval
-
-    def latest(self) -> Snapshot | None:
-        return self.snapshot
-
-    def is_alive(self) -> bool:
-        return self.alive
 
 
 @dataclass
@@ -86,7 +67,7 @@ def agent() -> Iterator[Agent]:
     source = FakeSource(snapshot=fresh_snapshot())
     clock = FakeClock()
     registry = CollectorRegistry()
-    registry.register(GpuscopeCollector(source.latest))
+    registry.register(SnapshotCollector(source))
     server = AgentHttpServer("127.0.0.1:0", registry=registry, source=source, clock=clock)
     server.start()
     try:
@@ -151,7 +132,7 @@ def test_metrics_body_and_content_type_are_prometheus_clients(agent: Agent, acce
     headers = {k: v for k, v in (("Accept", accept), ("Accept-Encoding", accept_encoding)) if v is not None}
     status, response_headers, body = agent.request("/metrics", headers=headers)
     registry = CollectorRegistry()
-    registry.register(GpuscopeCollector(agent.source.latest))
+    registry.register(SnapshotCollector(agent.source))
     encoder, content_type = choose_encoder(accept or "")
     assert status == 200
     assert response_headers["content-type"] == content_type
@@ -232,7 +213,7 @@ def test_metrics_collector_error_is_a_500_and_the_server_survives(agent: Agent,
 def test_promtool_check_metrics_on_a_real_scrape(include_cmdline: bool) -> None:
     source = FakeSource(snapshot=make_full_snapshot())
     registry = CollectorRegistry()
-    registry.register(GpuscopeCollector(source.latest, include_cmdline=include_cmdline))
+    registry.register(SnapshotCollector(source, include_cmdline=include_cmdline))
     server = AgentHttpServer("127.0.0.1:0", registry=registry, source=source)
     server.start()
     try:

@@ -36,7 +36,7 @@ from gpuscope.alerts.config import AlertmanagerConfig
 from gpuscope.alerts.model import Alert, AlertSource, Transition
 from gpuscope.common.addresses import format_host_port
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 API_PATH = "/api/v2/alerts"
 ENDS_AT_RESEND_INTERVALS = 4  # a firing alert's endsAt: this many resend intervals ahead
@@ -144,7 +144,7 @@ class AlertmanagerNotifier:
         try:
             key = self._key(transition)
         except Exception:
-            logger.exception("cannot queue alert transition %r for Alertmanager", transition)
+            log.exception("cannot queue alert transition %r for Alertmanager", transition)
             return
         with self._wake:
             self._pending.pop(key, None)  # the latest state of an alert replaces an undelivered older one
@@ -154,7 +154,7 @@ class AlertmanagerNotifier:
                 self.dropped += 1
                 if not self._drop_logged:
                     self._drop_logged = True
-                    logger.warning("Alertmanager queue full (%d alerts): dropping the oldest undelivered "
+                    log.warning("Alertmanager queue full (%d alerts): dropping the oldest undelivered "
                                    "transitions (logged once; see the dropped count)", self._max_pending)
             self._wake.notify()
 
@@ -167,7 +167,7 @@ class AlertmanagerNotifier:
         self._started = True
         self._thread = threading.Thread(target=self._run, name="gpuscope-alertmanager", daemon=True)
         self._thread.start()
-        logger.debug("pushing alerts to %s", self.endpoint)
+        log.debug("pushing alerts to %s", self.endpoint)
 
     def stop(self) -> None:
         """Stop the worker promptly; a push in flight is abandoned after STOP_JOIN_SECONDS."""
@@ -207,7 +207,7 @@ class AlertmanagerNotifier:
                 self._push(batch, resend)
             except _Refused as err:
                 self.errors += 1
-                logger.warning("Alertmanager at %s refused %d alerts: %s (not retried)",
+                log.warning("Alertmanager at %s refused %d alerts: %s (not retried)",
                                self.endpoint, len(batch), err)
                 self._forget(batch, dropped=True)
             except Exception as err:  # network errors, 5xx, and anything unexpected: retry later
@@ -218,16 +218,16 @@ class AlertmanagerNotifier:
                 unexpected = not isinstance(err, (OSError, http.client.HTTPException))
                 if not self._failing or unexpected:
                     self._failing = True
-                    logger.warning("cannot push alerts to Alertmanager at %s: %s; retrying with back-off",
+                    log.warning("cannot push alerts to Alertmanager at %s: %s; retrying with back-off",
                                    self.endpoint, err, exc_info=unexpected)
                 else:
-                    logger.debug("push to %s failed again (%d in a row): %s", self.endpoint, failures, err)
+                    log.debug("push to %s failed again (%d in a row): %s", self.endpoint, failures, err)
                 continue
             else:
                 self._forget(batch, dropped=False)
                 if self._failing:
                     self._failing = False
-                    logger.info("Alertmanager at %s reachable again after %d failed pushes", self.endpoint,
+                    log.info("Alertmanager at %s reachable again after %d failed pushes", self.endpoint,
                                 failures)
             failures, next_attempt = 0, 0.0
             if resend:
@@ -277,7 +277,7 @@ class AlertmanagerNotifier:
             if not _valid_label_name(label):
                 if label not in self._bad_label_logged:
                     self._bad_label_logged.add(label)
-                    logger.warning("alert label %r is not a valid Prometheus label name; not pushed", label)
+                    log.warning("alert label %r is not a valid Prometheus label name; not pushed", label)
                 continue
             labels[label] = str(value)
         labels.update({

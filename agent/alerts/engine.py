@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 from gpuscope.alerts.history import NodeHistory
 from gpuscope.alerts.model import Alert, AlertState, Condition, Transition, TransitionState
 from gpuscope.alerts.rules.base import Rule
+from gpuscope.health import SourceHealth
 from gpuscope.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -54,12 +56,14 @@ class _State:
 class AlertEngine:
     """Implements ``AlertSource``. Feed it with ``observe(snapshot)`` (e.g. as a sampler listener)."""
 
-    def __init__(self, rules: Sequence[Rule[Any]], *, hostname: str) -> None:
+    def __init__(self, rules: Sequence[Rule[Any]], *, hostname: str,
+                 health: SourceHealth | None = None) -> None:
         names = [r.name for r in rules]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate rule names: {names}")
         self.rules = tuple(rules)
         self.hostname = hostname
+        self._health = health
         windows = [r.window_seconds for r in rules if r.window_seconds is not None]
         self.history = NodeHistory(max(windows, default=0.0))
         self._states: dict[str, dict[int, _State]] = {r.name: {} for r in rules}
@@ -94,11 +98,13 @@ class AlertEngine:
 
     def observe(self, snapshot: Snapshot) -> list[Transition]:
         """Record the snapshot, evaluate every rule, advance the states; the transitions made."""
+        started = time.perf_counter()
         history = self.history
         history.observe(snapshot)
         now = snapshot.monotonic
         wall = self._wall = snapshot.timestamp
         transitions: list[Transition] = []
+        failed = False
         for rule in self.rules:
             states = self._states[rule.name]
             try:
@@ -107,6 +113,7 @@ class AlertEngine:
                 if rule.name not in self._failing:
                     log.exception("alert rule %s failed; its alerts keep their state", rule.name)
                     self._failing.add(rule.name)
+                failed = True
                 continue
             self._failing.discard(rule.name)
             evaluated = history.present if rule.include_down else history.up
@@ -141,6 +148,8 @@ class AlertEngine:
                     del states[gpu]
                     transitions.append(self._transition(rule, gpu, state, "firing", "resolved"))
         self._publish(transitions)
+        if self._health is not None:
+            self._health.record("alerts", success=not failed, duration_seconds=time.perf_counter() - started)
         for transition in transitions:
             for listener in self._listeners:
                 try:

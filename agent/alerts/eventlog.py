@@ -1,13 +1,15 @@
 """The alert event log: one JSON object per line for every alert transition, rotated by size.
 
-A Transition listener called from the sampler thread, so it never raises: when the file cannot be
+A Transition listener: the sampler thread only encodes the transition and queues its line; a worker
+thread of its own writes, so a slow or hung disk never delays sampling. When the file cannot be
 opened or written (read-only mount, full disk, missing permissions) the failure is logged once per
-outage and counted, the lines are kept in a bounded memory buffer, and the file is tried again after
-``retry_seconds``; what the buffer still holds is written first when it works again. The file is
-opened for appending and never truncated, so lines written before an outage stay. Each line is
-flushed (not fsynced: a crash of the agent loses nothing, a crash of the kernel may lose the last
-lines, a trade for not stalling the sampler on a slow disk). A file moved or deleted by someone
-else (an external logrotate) is noticed at the next transition and the path opened again.
+outage and counted, the lines stay in a bounded memory buffer, and the file is tried again after
+``retry_seconds`` (or at the next transition after that); what the buffer still holds is written
+first when it works again. The file is opened for appending and never truncated, so lines written
+before an outage stay. Each line is flushed (not fsynced: a crash of the agent loses nothing, a
+crash of the kernel may lose the last lines, a trade for not stalling on a slow disk). A file moved
+or deleted by someone else (an external logrotate) is noticed at the next write and the path opened
+again.
 
 Line format (schema ``version`` 1): ``Transition.to_json()`` plus ``"version": 1``; non-finite
 values (NaN, infinity), which JSON cannot represent, are written as null.
@@ -29,15 +31,17 @@ from typing import IO, Any
 from gpuscope.alerts.config import EventLogConfig
 from gpuscope.alerts.model import Transition
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 RETRY_SECONDS = 30.0  # after a failure, the file is not tried again before this (a hung mount stays cheap)
 BUFFER_LINES = 10_000  # lines held in memory while the file cannot be written; older ones are dropped
+CLOSE_JOIN_SECONDS = 1.0  # close() waits this long for a write in progress (a hung disk), then gives up
 
 
 class AlertEventLog:
-    """Appends alert transitions to ``config.path`` as JSON lines; thread-safe; never raises."""
+    """Appends alert transitions to ``config.path`` as JSON lines from a worker thread; thread-safe;
+    never raises into the caller. ``close`` writes what is left (one try) and stops the worker."""
 
     def __init__(
         self,
@@ -54,55 +58,100 @@ class AlertEventLog:
         self._backups = config.backups
         self._retry_seconds = retry_seconds
         self._clock = clock
-        self._lock = threading.Lock()
-        self._file: IO[bytes] | None = None
-        self._size = 0
-        self._pending: deque[bytes] = deque(maxlen=buffer_lines)
-        self._retry_at = 0.0  # monotonic time before which no write is attempted (after a failure)
+        self._wake = threading.Condition()
+        self._pending: deque[bytes] = deque()
+        self._buffer_lines = buffer_lines
+        self._retry_at = 0.0  # clock time before which no write is attempted (after a failure)
         self._failing = False  # an outage is under way (its first failure was logged)
         self._closed = False
+        self._idle = True  # the worker is waiting, not writing
+        # Touched by the worker only (and by close() once the worker is gone).
+        self._file: IO[bytes] | None = None
+        self._size = 0
         self.lines_written = 0
         self.errors = 0  # failed attempts to open, write or rotate
         self.dropped = 0  # lines lost because the buffer was full during an outage
+        self._thread = threading.Thread(target=self._run, name="gpuscope-eventlog", daemon=True)
+        self._thread.start()
 
     def __call__(self, transition: Transition) -> None:
-        """Log one transition (the rule engine's listener signature)."""
+        """Queue one transition's line (the rule engine's listener signature); never blocks on I/O."""
         try:
             line = _encode({"version": SCHEMA_VERSION, **transition.to_json()})
         except Exception:  # a broken transition must not reach the sampler thread either
-            logger.exception("cannot encode alert transition %r for the event log", transition)
+            log.exception("cannot encode alert transition %r for the event log", transition)
             return
-        with self._lock:
+        with self._wake:
             if self._closed:
-                logger.debug("event log closed; transition not written: %s", line)
+                log.debug("event log closed; transition not written: %s", line)
                 return
-            if len(self._pending) == self._pending.maxlen:
-                self.dropped += 1
-            self._pending.append(line)
-            if self._clock() >= self._retry_at:
-                self._drain()
+            self._keep([line])
+            self._wake.notify()
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every queued line was written, or is waiting for the retry after a failure;
+        False if that took longer than ``timeout``."""
+        with self._wake:
+            return self._wake.wait_for(lambda: self._closed or (self._idle and not self._due()), timeout)
 
     def close(self) -> None:
-        """Write what is buffered (one try) and close the file; later transitions are ignored."""
-        with self._lock:
+        """Write what is queued (one try) and close the file; later transitions are ignored."""
+        with self._wake:
             if self._closed:
                 return
-            if self._pending:
-                self._drain()
-            if self._pending:
-                logger.warning("event log %s closed with %d transitions not written", self.path,
-                               len(self._pending))
             self._closed = True
-            self._close_file()
+            self._wake.notify_all()
+        self._thread.join(CLOSE_JOIN_SECONDS)
+        if self._thread.is_alive():  # stuck in a write on a hung disk: leave it to its daemon thread
+            log.warning("event log %s: a write is still hanging; closed without writing %d transitions",
+                        self.path, len(self._pending))
+            return
+        with self._wake:
+            batch = list(self._pending)
+            self._pending.clear()
+        if batch:
+            self._write_batch(batch)
+        if self._pending:
+            log.warning("event log %s closed with %d transitions not written", self.path, len(self._pending))
+        self._close_file()
 
-    # -- under the lock ---------------------------------------------------------------------------
+    # -- the worker ---------------------------------------------------------------------------------
 
-    def _drain(self) -> None:
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                self._idle = True
+                self._wake.notify_all()  # flush() waits for this
+                while not self._closed and not self._due():
+                    retry_in = self._retry_at - self._clock() if self._pending else None
+                    self._wake.wait(None if retry_in is None else max(retry_in, 0.01))
+                if self._closed:
+                    return  # close() writes what is left
+                self._idle = False
+                batch = list(self._pending)
+                self._pending.clear()
+            self._write_batch(batch)
+
+    def _due(self) -> bool:
+        """Lines wait and the retry delay is over (lock held)."""
+        return bool(self._pending) and self._clock() >= self._retry_at
+
+    def _keep(self, lines: list[bytes], *, in_front: bool = False) -> None:
+        """Queue lines (lock held); past the buffer's bound the oldest are dropped and counted."""
+        if in_front:
+            self._pending.extendleft(reversed(lines))
+        else:
+            self._pending.extend(lines)
+        while len(self._pending) > self._buffer_lines:
+            self._pending.popleft()
+            self.dropped += 1
+
+    def _write_batch(self, batch: list[bytes]) -> None:
+        written = 0
         try:
             if self._file is not None and not self._still_at_path(self._file):
                 self._close_file()  # moved or deleted by someone else (an external logrotate): reopen
-            while self._pending:
-                line = self._pending[0]
+            for line in batch:
                 if self._file is None:
                     self._open()
                 if self._size and self._size + len(line) > self._max_bytes:
@@ -113,14 +162,16 @@ class AlertEventLog:
                 file.write(line)
                 file.flush()
                 self._size += len(line)
-                self._pending.popleft()
+                written += 1
                 self.lines_written += 1
         except OSError as err:
-            self._fail(err)
+            with self._wake:
+                self._keep(batch[written:], in_front=True)
+                self._fail(err)
             return
         if self._failing:
             self._failing = False
-            logger.info("alert event log %s is writable again", self.path)
+            log.info("alert event log %s is writable again", self.path)
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,16 +210,17 @@ class AlertEventLog:
         self._size = 0
 
     def _fail(self, err: OSError) -> None:
+        """A failed write (lock held): retry after the delay; logged once per outage."""
         self.errors += 1
         self._close_file()
         self._retry_at = self._clock() + self._retry_seconds
         if not self._failing:
             self._failing = True
-            logger.warning(
+            log.warning(
                 "cannot write the alert event log %s: %s; keeping up to %d transitions in memory and "
-                "retrying every %g s", self.path, err, self._pending.maxlen, self._retry_seconds)
+                "retrying every %g s", self.path, err, self._buffer_lines, self._retry_seconds)
         else:
-            logger.debug("alert event log %s still not writable: %s", self.path, err)
+            log.debug("alert event log %s still not writable: %s", self.path, err)
 
     def _close_file(self) -> None:
         file, self._file = self._file, None
@@ -176,7 +228,7 @@ class AlertEventLog:
             try:
                 file.close()
             except OSError as err:  # flushing failed: the line was counted as written already
-                logger.debug("closing %s: %s", self.path, err)
+                log.debug("closing %s: %s", self.path, err)
 
 
 def _ends_with_newline(path: Path) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuscope.capture.config import CaptureConfig
@@ -16,7 +15,8 @@ from gpuscope.capture.service import CaptureService
 from gpuscope.capture.store import CaptureStore, CaptureStoreError
 from gpuscope.capture.targets import TargetResolver
 from gpuscope.capture.tsl import TslProfilerBackend
-from gpuscope.snapshot import Snapshot
+from gpuscope.health import SourceHealth
+from gpuscope.snapshot import SnapshotSource
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ class Captures:
         self.store.close()
 
 
-def build_captures(config: CaptureConfig, *, snapshots: Callable[[], Snapshot | None],
-                   hostname: str) -> Captures | None:
+def build_captures(config: CaptureConfig, *, snapshots: SnapshotSource, hostname: str,
+                   health: SourceHealth | None = None) -> Captures | None:
     """The capture service, or None (logged once) when captures are off or the store is unusable:
     a node that cannot store traces still samples, exports and alerts."""
     if not config.enabled:
@@ -61,6 +61,6 @@ def build_captures(config: CaptureConfig, *, snapshots: Callable[[], Snapshot | 
     resolver = TargetResolver(profiler_ports=config.profiler_ports, static_targets=config.targets,
                               kineto_registered=kineto.registered)
     service = CaptureService(store=store, policy=CapturePolicy(config), resolver=resolver,
-                             backends=backends, snapshots=snapshots, hostname=hostname,
+                             backends=backends, snapshots=snapshots, hostname=hostname, health=health,
                              deadline_margin_s=config.deadline_margin)
     return Captures(service, store, kineto)

@@ -39,7 +39,8 @@ from gpuscope.capture.store import (
     new_capture_id,
 )
 from gpuscope.capture.targets import TargetResolver
-from gpuscope.snapshot import GpuReading, Snapshot
+from gpuscope.health import SourceHealth
+from gpuscope.snapshot import GpuReading, SnapshotSource
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,9 @@ class CaptureService:
     """Implements the exporter's CaptureStats too (counts, store size, last capture)."""
 
     def __init__(self, *, store: CaptureStore, policy: CapturePolicy, resolver: TargetResolver,
-                 backends: Mapping[str, CaptureBackend], snapshots: Callable[[], Snapshot | None],
+                 backends: Mapping[str, CaptureBackend], snapshots: SnapshotSource,
                  hostname: str, deadline_margin_s: float,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time, health: SourceHealth | None = None) -> None:
         self._store = store
         self._policy = policy
         self._resolver = resolver
@@ -72,6 +73,8 @@ class CaptureService:
         self._hostname = hostname
         self._margin = deadline_margin_s
         self._wall_clock = wall_clock
+        self._health = health
+        self._store_failed = False  # the capture being processed failed on the agent's side (its store)
         self._queue: queue.Queue[tuple[CaptureRequest, Future[CaptureRecord]] | None] = queue.Queue(
             _QUEUE_LIMIT)
         self._lock = threading.Lock()
@@ -100,6 +103,8 @@ class CaptureService:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        if self._health is not None:
+            self._health.record("captures", success=True, duration_seconds=None)
         self._thread = threading.Thread(target=self._run, name="gpuscope-capture", daemon=True)
         self._thread.start()
 
@@ -137,12 +142,19 @@ class CaptureService:
             if item is None:
                 return
             request, future = item
+            started = time.perf_counter()
+            self._store_failed = False
             try:
                 record = self._capture(request)
+                healthy = not self._store_failed
             except Exception as err:  # a bug here must not end the worker
                 log.exception("capture failed")
                 record = self._record(request, "failed", error=f"internal error: {err}")
                 self._count(request.trigger.kind, "failed")
+                healthy = False
+            if self._health is not None:
+                self._health.record("captures", success=healthy,
+                                    duration_seconds=time.perf_counter() - started)
             future.set_result(record)
 
     def _capture(self, request: CaptureRequest) -> CaptureRecord:
@@ -174,6 +186,7 @@ class CaptureService:
                 record = self._record(request, "refused", gpu=gpu, pids=pids, targets=outcomes,
                                       start=start, duration_s=decision.duration_s, error=str(err))
             except CaptureStoreError as err:
+                self._store_failed = True
                 record = self._record(request, "failed", gpu=gpu, pids=pids, targets=outcomes,
                                       start=start, duration_s=decision.duration_s, error=str(err))
         except BaseException:
@@ -195,7 +208,7 @@ class CaptureService:
         return TargetOutcome(target, result.outcome, result.files, result.error)
 
     def _gpu(self, request: CaptureRequest) -> GpuReading | None:
-        snapshot = self._snapshots()
+        snapshot = self._snapshots.latest()
         if snapshot is None:
             return None
         for gpu in snapshot.gpus:

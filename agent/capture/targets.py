@@ -33,7 +33,7 @@ from gpuscope.capture.model import CaptureTarget
 from gpuscope.common.addresses import format_host_port
 from gpuscope.snapshot import GpuReading
 
-_log = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 ListenAddress = tuple[str, int]  # (ip, port) of a LISTEN socket
 Connections = Callable[[int], Iterable[ListenAddress]]
@@ -46,7 +46,7 @@ def listening_sockets(pid: int) -> list[ListenAddress]:
     try:
         conns = psutil.Process(pid).net_connections(kind="tcp")
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess) as err:
-        _log.debug("cannot list the sockets of pid %d: %s", pid, err)
+        log.debug("cannot list the sockets of pid %d: %s", pid, err)
         return []
     return [(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN and c.laddr]
 
@@ -122,7 +122,7 @@ class TargetResolver:
         try:
             return self._kineto()
         except Exception as err:  # a broken registry must not stop the other ways
-            _log.warning("cannot read the Kineto registrations: %s", err)
+            log.warning("cannot read the Kineto registrations: %s", err)
             return {}
 
     def _for_pid(self, pid: int, registered: Mapping[int, Any]) -> CaptureTarget | None:

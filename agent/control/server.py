@@ -64,7 +64,7 @@ from gpuscope.control.config import (
 )
 from gpuscope.control.errors import ControlError, ControlServerError
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
-from gpuscope.snapshot import Snapshot
+from gpuscope.snapshot import SnapshotSource
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class _Servicer:
     """gpuscope.v1.Agent. ``transport`` ("unix" or "tcp") is recorded as who asked for a capture."""
 
     def __init__(self, *, service: CaptureService | None, store: CaptureStore | None,
-                 snapshots: Callable[[], Snapshot | None], alerts: AlertSource | None, hostname: str,
+                 snapshots: SnapshotSource, alerts: AlertSource | None, hostname: str,
                  wall_clock: Callable[[], float], waiting: threading.BoundedSemaphore,
                  stopping: threading.Event, user: str) -> None:
         self._service = service
@@ -106,7 +106,7 @@ class _Servicer:
 
     def GetSnapshot(self, request: agent_pb2.GetSnapshotRequest,
                     context: grpc.ServicerContext) -> agent_pb2.GetSnapshotResponse:
-        snapshot = self._snapshots()
+        snapshot = self._snapshots.latest()
         if snapshot is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "no snapshot yet: the first sampling tick has not "
                                                        "finished")
@@ -271,7 +271,7 @@ class ControlServer:
     agent goes on without the API); ``stop`` is safe to call at any time, twice included."""
 
     def __init__(self, config: ControlConfig, *, service: CaptureService | None, store: CaptureStore | None,
-                 snapshots: Callable[[], Snapshot | None], alerts: AlertSource | None,
+                 snapshots: SnapshotSource, alerts: AlertSource | None,
                  hostname: str | None = None, wall_clock: Callable[[], float] = time.time) -> None:
         self._config = config
         self._stopping = threading.Event()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from gpuscope.health import SourceHealth
 from gpuscope.host.kubelet import GpuAllocations, KubeletError, PodResourcesClient
 from gpuscope.snapshot import PodContainer
 
@@ -53,12 +54,13 @@ class PodAttribution:
 
     def __init__(self, socket_path: Path, *, refresh_interval: float, timeout: float, keep_for: float,
                  client: AllocationSource | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, health: SourceHealth | None = None) -> None:
         self.socket_path = socket_path
         self._interval = refresh_interval
         self._keep_for = keep_for
         self._client: AllocationSource = client or PodResourcesClient(socket_path, timeout_seconds=timeout)
         self._clock = clock
+        self._health = health
         self._allocations = _EMPTY
         self._last_success: float | None = None
         self._seen = False
@@ -102,15 +104,18 @@ class PodAttribution:
         present = self.socket_path.exists()
         if not present and not self._seen:
             return  # not a Kubernetes node (yet): stay quiet
+        started = time.perf_counter()
         try:
             allocations = self._client.list_gpu_allocations()
         except KubeletError as err:
-            self._failed(str(err))
+            self._failed(str(err), time.perf_counter() - started)
             return
         except Exception as err:  # a bug here must not end attribution for good
             log.exception("pod attribution refresh failed")
-            self._failed(repr(err))
+            self._failed(repr(err), time.perf_counter() - started)
             return
+        if self._health is not None:
+            self._health.record("pods", success=True, duration_seconds=time.perf_counter() - started)
         if not self._up:
             log.info("kubelet pod-resources at %s answers: %d pods hold GPUs",
                      self.socket_path, allocations.pod_count)
@@ -120,7 +125,9 @@ class PodAttribution:
         self._up = True
         self._failing_since_logged = False
 
-    def _failed(self, reason: str) -> None:
+    def _failed(self, reason: str, duration: float) -> None:
+        if self._health is not None:
+            self._health.record("pods", success=False, duration_seconds=duration)
         self._seen = True
         self._up = False
         self._failures += 1

@@ -36,7 +36,7 @@ import psutil
 
 from gpuscope.host.cgroup import read_container_id
 
-_log = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 # The inode number the kernel gives the initial PID namespace (include/linux/proc_ns.h); fixed
 # since Linux 3.8, so it identifies the host namespace without having to see the host.
@@ -233,7 +233,7 @@ class ProcessInspector:
             if exc.errno == errno.EINVAL:
                 raise ProcessLookupError(pid) from exc  # not a valid pid at all
             # ENOSYS (old kernel), EPERM (seccomp profile): no use trying again for other pids.
-            _log.debug("pidfd_open unavailable (%s); checking process start times instead", exc)
+            log.debug("pidfd_open unavailable (%s); checking process start times instead", exc)
             self._pidfd_open = None
             return None
 
@@ -246,7 +246,7 @@ class ProcessInspector:
         if self._warned_namespace:
             return
         self._warned_namespace = True
-        _log.warning(
+        log.warning(
             "the agent is not in the host PID namespace; NVML reports host pids, which cannot be "
             "mapped to processes from here, so process names, users and containers are omitted. "
             "Run the agent with hostPID: true (Kubernetes) or --pid=host (docker) to get them."
@@ -259,7 +259,7 @@ class ProcessInspector:
         if len(self._logged) >= _MAX_LOGGED:
             self._logged.clear()
         self._logged.add(key)
-        _log.debug(message, *args)
+        log.debug(message, *args)
 
 
 @dataclass(slots=True)
