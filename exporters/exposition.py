@@ -25,6 +25,12 @@ go to prometheus_client whole.
 
 ``negotiate`` picks the encoder and Content-Type from an Accept header by asking
 prometheus_client's own ``choose_encoder``, so content negotiation is exactly prometheus_client's.
+
+This leans on prometheus_client's internals (``Sample``'s fields, ``floatToGoString``, the encoders
+``choose_encoder`` returns), so the dependency is capped at the releases tested, and
+tests/test_exposition.py fails if a release turns the fast path off or changes a byte. It pays its
+way: on 8 GPUs x 4 processes it renders text in 0.28 ms and OpenMetrics in 0.26 ms, against 2.1 and
+3.1 ms for prometheus_client's own encoders (``python bench/scrape.py --encoders-only``).
 """
 
 from __future__ import annotations
