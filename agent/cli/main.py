@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file.")
         p.add_argument("--simulate", metavar="NAME|FILE",
                        help="Replace NVML with a simulated node: a bundled scenario name or a scenario file.")
-        p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+        p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                       help="Logging to stderr from this level up (default info).")
 
     run = sub.add_parser("run", help="Run the agent (sampler and HTTP endpoints) until SIGTERM.")
     common(run)
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help="Configuration tools.")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
     check = config_sub.add_parser("check", help="Validate a configuration file: exit 0, or 2 with problems.")
-    check.add_argument("file", type=Path)
+    check.add_argument("file", type=Path, help="The YAML configuration file to check.")
 
     sub.add_parser("scenarios", help="List the bundled simulation scenarios.")
     from gpuscope.cli.capture import add_capture_commands
