@@ -44,11 +44,18 @@ class Agent:
         self.hostname = self.sampling.hostname
         self.pods = self.sampling.pods
         self.sampler = self.sampling.sampler
+        self.event_log: AlertEventLog | None = None
         try:
             self._build(settings)
         except BaseException:
-            self.sampling.uninstall()  # e.g. the simulated kubelet's temporary directory
+            self._release_partial_build()
             raise
+
+    def _release_partial_build(self) -> None:
+        """What a failed build leaves running: the event log's writer thread, the simulation's files."""
+        if self.event_log is not None:
+            self.event_log.close()
+        self.sampling.uninstall()  # e.g. the simulated kubelet's temporary directory
 
     def _build(self, settings: Settings) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -62,7 +69,6 @@ class Agent:
 
         alerting = settings.alerting
         self.alerts: AlertEngine | None = None
-        self.event_log: AlertEventLog | None = None
         self.notifier: AlertmanagerNotifier | None = None
         if alerting.enabled:
             self.alerts = AlertEngine(build_rules(alerting.rules), hostname=self.hostname, health=self.health)

@@ -1,4 +1,4 @@
-"""Prometheus exposition of the agent's per-source health (the catalogue: docs/metrics.md, "Agent"):
+"""Prometheus exposition of the agent's per-source health (the catalogue: docs/metrics.md, "Sources"):
 ``gpuscope_collector_success{collector}`` and ``gpuscope_collector_duration_seconds{collector}``,
 the way node_exporter reports ``node_scrape_collector_*``."""
 

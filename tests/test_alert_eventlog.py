@@ -308,3 +308,31 @@ def test_a_hanging_disk_never_holds_up_the_caller(tmp_path: Path, monkeypatch: p
         assert time.monotonic() - started < 2.0
     finally:
         released.set()
+
+
+def test_an_unexpected_error_in_the_writer_keeps_the_lines_and_the_writer(
+        tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "alerts.jsonl"
+    real_open = AlertEventLog._open
+    calls: list[int] = []
+
+    def failing_once(self: AlertEventLog) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the writer")
+        real_open(self)
+
+    monkeypatch.setattr(AlertEventLog, "_open", failing_once)
+    log = AlertEventLog(EventLogConfig(path=str(path)), clock=clock, retry_seconds=30.0)
+    try:
+        with caplog.at_level(logging.ERROR, logger="gpuscope.alerts.eventlog"):
+            log(transition(0))
+            assert log.flush(timeout=10)
+        assert "writing failed unexpectedly" in caplog.text and log.errors == 1
+        clock.now += 31
+        log(transition(1))
+        assert log.flush(timeout=10)
+        assert [line["labels"]["n"] for line in read_lines(path)] == ["0", "1"]  # nothing lost
+    finally:
+        log.close()

@@ -134,6 +134,9 @@ def test_bad_listen_address_is_refused(address: str) -> None:
     ("sample_interval: fast\n",
      "sample_interval: expected a duration such as 1.5, '500ms' or '2m', got 'fast'"),
     # A duration no timer can wait for is refused here, not by the thread that would wait.
+    # An empty path would only be found out by `run`.
+    ('alerting:\n  event_log:\n    path: ""\n',
+     "alerting.event_log.path: String should have at least 1 character (got '')"),
     ("alerting:\n  alertmanager:\n    resend_interval: 1e12\n",
      "alerting.alertmanager.resend_interval: Input should be less than or equal to 86400 "
      "(got 1000000000000.0)"),

@@ -9,7 +9,8 @@ from gpuscope.common.config_types import ByteSize, Duration, Section
 
 
 class EventLogConfig(Section):
-    path: str | None = Field(None, description="JSON-lines file of alert transitions; none: no event log.")
+    path: str | None = Field(None, min_length=1,
+                             description="JSON-lines file of alert transitions; none: no event log.")
     max_bytes: ByteSize = Field(10 * 2**20, ge=4096, le=2**40,
                                 description="Rotate when the file reaches this size (e.g. 10MiB).")
     backups: int = Field(3, ge=0, le=100, description="Rotated files kept (path.1 ... path.N).")

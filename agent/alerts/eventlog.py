@@ -130,7 +130,13 @@ class AlertEventLog:
                 self._idle = False
                 batch = list(self._pending)
                 self._pending.clear()
-            self._write_batch(batch)
+            try:
+                self._write_batch(batch)
+            except Exception as err:  # a bug must not end the log silently: keep the lines, retry later
+                log.exception("alert event log %s: writing failed unexpectedly", self.path)
+                with self._wake:
+                    self._keep(batch, in_front=True)
+                    self._fail(OSError(f"unexpected error: {err!r}"))
 
     def _due(self) -> bool:
         """Lines wait and the retry delay is over (lock held)."""

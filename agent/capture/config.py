@@ -32,12 +32,13 @@ from pydantic import AfterValidator, Field, model_validator
 from gpuscope.alerts.rules import CAPTURES_BY_DEFAULT, RULE_TYPES
 from gpuscope.common.config_types import ByteSize, Duration, PeerAddress, Section
 from gpuscope.common.durations import format_duration
+from gpuscope.common.unixfs import MAX_UNIX_SOCKET_PATH_BYTES
 
 MAX_DURATION_SECONDS = 30.0  # the longest capture anyone may ask for (a trace of 30 s is already large)
 MIN_QUOTA_BYTES = 2**20
 # PyTorch binds its client socket at <socket_dir>/dynoconfigclient<36-character uuid>: 53 bytes after
 # the directory, in a Unix socket address of at most 107 (measured with PyTorch 2.13: 54 works, 55 fails).
-MAX_KINETO_SOCKET_DIR_BYTES = 107 - len("/dynoconfigclient") - 36
+MAX_KINETO_SOCKET_DIR_BYTES = MAX_UNIX_SOCKET_PATH_BYTES - len("/dynoconfigclient") - 36
 
 
 
@@ -72,7 +73,7 @@ def _socket_dir(value: Path) -> Path:
     if len(str(value).encode()) > MAX_KINETO_SOCKET_DIR_BYTES:
         raise ValueError(f"must be at most {MAX_KINETO_SOCKET_DIR_BYTES} bytes long: PyTorch binds its "
                          "socket at <socket_dir>/dynoconfigclient<36-character uuid>, and a Unix socket "
-                         "address holds 107 bytes")
+                         f"address holds {MAX_UNIX_SOCKET_PATH_BYTES} bytes")
     return value
 
 

@@ -16,6 +16,7 @@ Outcome = Literal["captured", "busy", "empty", "unreachable", "refused", "failed
 TargetKind = Literal["tsl", "kineto"]  # tsl: TensorFlow/JAX ProfilerService; kineto: PyTorch on-demand
 TriggerKind = Literal["alert", "user", "webhook", "fleet"]
 MAX_ERROR_CHARS = 500  # an outcome's error message (from a target, a protocol) is clipped to this
+_KIND_NAMES: dict[TargetKind, str] = {"tsl": "TSL profiler", "kineto": "Kineto"}
 
 
 class CaptureError(Exception):
@@ -81,7 +82,7 @@ def request_problem(target: CaptureTarget, kind: TargetKind, duration_s: float,
     """Why a backend of ``kind`` cannot take this request (None when it can): checked before any
     target is contacted."""
     if target.kind != kind or (target.address is None if kind == "tsl" else target.pid is None):
-        return f"not a {kind} target: {target.describe()}"
+        return f"not a {_KIND_NAMES[kind]} target: {target.describe()}"
     if not duration_s > 0:
         return f"the capture length ({duration_s:g} s) must be positive"
     if not deadline_s > duration_s:

@@ -121,7 +121,10 @@ def _run(settings: Settings) -> int:
     try:
         Agent(settings).run_until_signalled()
     except ListenError as err:  # it names the address and the reason
-        print(f"gpuscope: {err}", file=sys.stderr)
+        print(f"gpuscope: {err.strerror or err}", file=sys.stderr)
+        return EXIT_FAILURE
+    except OSError as err:  # the node refused something the agent needs at start (a file, a socket)
+        print(f"gpuscope: cannot start: {err}", file=sys.stderr)
         return EXIT_FAILURE
     return EXIT_OK
 

@@ -15,14 +15,14 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from gpuscope.common.addresses import parse_host_port
-from gpuscope.common.durations import format_duration, parse_duration
+from gpuscope.common.durations import parse_duration
 from gpuscope.common.sizes import format_size, parse_size
+from gpuscope.common.unixfs import MAX_UNIX_SOCKET_PATH_BYTES
 
 # No setting of the agent is meaningful beyond a year, and every timer accepts that much
 # (Python's waits overflow near 292 years, threading.TIMEOUT_MAX).
 DURATION_CEILING_SECONDS = 366 * 86400.0
 SIZE_CEILING_BYTES = 2**50  # 1 PiB: more than any store or log the agent keeps
-MAX_UNIX_SOCKET_PATH_BYTES = 107  # sun_path holds 108 bytes, the last one a NUL
 _MAX_SHOWN_VALUE_CHARS = 80
 
 
@@ -47,8 +47,7 @@ class Section(BaseModel):
 
 def _duration_in_range(seconds: float) -> float:
     if seconds > DURATION_CEILING_SECONDS:
-        raise ValueError(f"must be at most {format_duration(DURATION_CEILING_SECONDS)} "
-                         f"({DURATION_CEILING_SECONDS:g} seconds)")
+        raise ValueError(f"must be at most {DURATION_CEILING_SECONDS / 86400:g} days")
     return seconds
 
 

@@ -37,8 +37,8 @@ def format_size(size: int) -> str:
     if size < 1024:
         return f"{size} B"
     value = float(size)
-    for unit in ("KiB", "MiB", "GiB"):
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
         value /= 1024
         if value < 1024:
             return f"{value:.1f} {unit}"
-    return f"{value / 1024:.1f} TiB"
+    return f"{value / 1024:.1f} PiB"

@@ -53,11 +53,14 @@ def safe_file_name(text: str, *, limit: int = 100, default: str = "host") -> str
 # -- reading and writing files ----------------------------------------------------------------------------
 
 
-def read_bounded(path: Path, limit: int, *, follow_symlinks: bool = False) -> bytes:
+def read_bounded(path: Path, limit: int, *, follow_symlinks: bool = False,
+                 regular_only: bool = True) -> bytes:
     """The content of the regular file ``path``, read without following a symlink at ``path`` (unless
     ``follow_symlinks``); FileTooLargeError past ``limit`` bytes, UnsafePathError if it is not a
-    regular file (a FIFO would block, a device never end)."""
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow_symlinks else os.O_NOFOLLOW)
+    regular file (a FIFO would block the agent, a device never end). ``regular_only=False`` reads a
+    pipe too, for a command-line tool given ``<(command)``; still no more than ``limit`` bytes."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if regular_only else 0)
+    flags |= 0 if follow_symlinks else os.O_NOFOLLOW
     try:
         fd = os.open(path, flags)
     except OSError as err:
@@ -65,7 +68,7 @@ def read_bounded(path: Path, limit: int, *, follow_symlinks: bool = False) -> by
             raise UnsafePathError(errno.ELOOP, f"{path} is a symlink, which is not followed") from None
         raise
     with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if regular_only and not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UnsafePathError(errno.EINVAL, f"{path} is not a regular file")
         data = file.read(limit + 1)
     if len(data) > limit:
@@ -138,6 +141,7 @@ class NewFile:
         os.fsync(self.file.fileno())
         self.file.close()
         name = link_new(self._temporary, self._directory, self._stem, self._suffix)
+        fsync_path(self._directory, directory=True)  # the new name survives a crash too
         self.published = (self._directory / name).relative_to(self._relative_to).as_posix()
         return self.published
 
@@ -207,8 +211,8 @@ def ensure_directory(path: Path, mode: int, *, parents_mode: int = 0o755,
     existing = os.stat if follow_symlinks else os.lstat
     info = chmod_directory(path, mode) if created else existing(path)
     if not stat.S_ISDIR(info.st_mode):
-        raise UnsafePathError(errno.ENOTDIR, f"{path} is not a directory (or is a symlink, which the agent "
-                                             "never follows)")
+        symlink = "" if follow_symlinks else " (or is a symlink, which the agent never follows)"
+        raise UnsafePathError(errno.ENOTDIR, f"{path} is not a directory{symlink}")
     return info, created
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from gpuscope.common.unixfs import read_bounded
+from gpuscope.common.unixfs import FileTooLargeError, read_bounded
 from gpuscope.control.errors import ControlError
 
 log = logging.getLogger(__name__)
@@ -25,25 +25,31 @@ MAX_TOKEN_BYTES = 4096
 _REFUSALS_LOGGED_EVERY_S = 10.0
 
 
-def read_token(path: Path, *, min_chars: int = 1, what: str = "token file") -> str:
+def read_token(path: Path, *, what: str = "token file", agent_side: bool = False) -> str:
     """The bearer token in ``path``, surrounding whitespace dropped. ControlError (``usage``) when it
-    cannot be read or is not a token; the token itself never appears in a message."""
+    cannot be read or is not a token; the token itself never appears in a message. The agent's own
+    (``agent_side``) must be a regular file, at least MIN_TOKEN_CHARS long, and it warns when every
+    user may read it; a client may read its token from a pipe (``--token-file <(vault read ...)``)."""
     try:
-        raw = read_bounded(path, MAX_TOKEN_BYTES, follow_symlinks=True)  # e.g. a Kubernetes Secret
+        raw = read_bounded(path, MAX_TOKEN_BYTES, follow_symlinks=True,  # e.g. a Kubernetes Secret
+                           regular_only=agent_side)
         mode = stat.S_IMODE(path.stat().st_mode)
+    except FileTooLargeError:
+        raise ControlError(f"the {what} {path} is larger than {MAX_TOKEN_BYTES} bytes", usage=True) from None
     except OSError as err:
         raise ControlError(f"cannot read the {what} {path}: {err.strerror or err}", usage=True) from None
     try:
         token = raw.decode("ascii").strip()
     except UnicodeDecodeError:
-        raise ControlError(f"the token in {path} is not ASCII", usage=True) from None
+        raise ControlError(f"the {what} {path} does not hold an ASCII token", usage=True) from None
     if not token or any(not c.isprintable() or c.isspace() for c in token):
         raise ControlError(f"the {what} {path} is empty or holds spaces or control characters", usage=True)
-    if len(token) < min_chars:
-        raise ControlError(f"the token in {path} is shorter than {min_chars} characters; use a random one, "
-                           "e.g. `openssl rand -hex 32`", usage=True)
-    if mode & 0o004:
-        log.warning("the %s %s is readable by every user; make it 0600 or 0640", what, path)
+    if agent_side:
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ControlError(f"the token in the {what} {path} is shorter than {MIN_TOKEN_CHARS} "
+                               "characters; use a random one, e.g. `openssl rand -hex 32`", usage=True)
+        if mode & 0o004:
+            log.warning("the %s %s is readable by every user; make it 0600 or 0640", what, path)
     return token
 
 

@@ -46,9 +46,9 @@ from gpuscope.capture.service import CaptureRequest, CaptureService
 from gpuscope.capture.store import CaptureNotFoundError, CaptureStore, CaptureStoreError, new_capture_id
 from gpuscope.capture.tsl import parse_target
 from gpuscope.common.addresses import format_host_port, parse_host_port
-from gpuscope.common.config_types import MAX_UNIX_SOCKET_PATH_BYTES
 from gpuscope.common.durations import format_duration
 from gpuscope.common.unixfs import (
+    MAX_UNIX_SOCKET_PATH_BYTES,
     SocketInUseError,
     UnsafePathError,
     clear_stale_socket,
@@ -57,7 +57,7 @@ from gpuscope.common.unixfs import (
     read_bounded,
     same_file,
 )
-from gpuscope.control.auth import MIN_TOKEN_CHARS, BearerTokenInterceptor, read_token
+from gpuscope.control.auth import BearerTokenInterceptor, read_token
 from gpuscope.control.config import (
     ControlConfig,
     TcpConfig,
@@ -364,7 +364,7 @@ class ControlServer:
     def _start_tcp(self, tcp: TcpConfig) -> None:
         assert tcp.listen_address and tcp.tls_cert_file and tcp.tls_key_file and tcp.token_file
         try:
-            token = read_token(tcp.token_file, min_chars=MIN_TOKEN_CHARS, what="control API token file")
+            token = read_token(tcp.token_file, what="control API token file", agent_side=True)
         except ControlError as err:
             raise ControlServerError(str(err)) from None
         cert = _read_pem(tcp.tls_cert_file, "TLS certificate")

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
         from importlib.abc import Traversable
 
 
-class ScenarioError(ConfigError):
+class ScenarioError(ConfigError, ValueError):
     """A scenario that cannot be used; the message names the file and the offending key path.
 
     With several problems the message has one line per problem, each ``FILE: key.path: reason``.

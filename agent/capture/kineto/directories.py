@@ -22,12 +22,13 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import stat
 import tempfile
 from pathlib import Path
 
 from gpuscope.capture.kineto.errors import KinetoDaemonError
-from gpuscope.common.unixfs import UnsafePathError, ensure_directory, remove_tree
+from gpuscope.common.unixfs import UnsafePathError, ensure_directory
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +121,9 @@ def remove_leftovers(trace_dir: Path) -> None:
 
 
 def remove_quietly(directory: Path) -> None:
-    """A capture's folder: a process may still be writing in it, so a failure is only logged."""
-    try:
-        remove_tree(directory)
-    except OSError as err:
-        log.debug("Kineto daemon: cannot remove %s: %s", directory, err)
+    """A capture's folder, as much of it as can go: a process may still be writing in it. (rmtree
+    never follows a symlink found inside.)"""
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _directory(path: Path, mode: int, *, what: str, setting: str) -> tuple[os.stat_result, bool]:

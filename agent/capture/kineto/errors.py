@@ -6,7 +6,7 @@ from __future__ import annotations
 from gpuscope.capture.model import CaptureError
 
 
-class KinetoDaemonError(CaptureError):
+class KinetoDaemonError(CaptureError, RuntimeError):
     """The daemon cannot start (its address is taken, its directories are unusable); says why.
     ``setting`` names the directory at fault, as in ``capture.kineto``: "trace_dir" or "socket_dir"."""
 
