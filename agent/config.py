@@ -6,12 +6,13 @@ Unknown keys are refused with their path, so a typo never silently falls back to
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from gpuscope.alerts.alertmanager import alertmanager_endpoint
 from gpuscope.alerts.config import AlertingConfig
@@ -26,8 +27,13 @@ from gpuscope.common.config_types import (
     format_errors,
 )
 from gpuscope.common.durations import format_duration
+from gpuscope.common.sizes import format_size
+from gpuscope.common.unixfs import FileTooLargeError, read_bounded
+from gpuscope.config_environment import environment_problems
 from gpuscope.control.config import ControlConfig
 
+ENVIRONMENT = "GPUSCOPE_* environment variables"
+MAX_CONFIG_BYTES = 1 << 20
 # Where the kubelet serves its pod-resources API (a Unix socket it re-creates when it restarts).
 KUBELET_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
@@ -98,9 +104,16 @@ class Settings(BaseSettings):
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        # Followed if a symlink: a Kubernetes ConfigMap mounts the file as one.
+        text = read_bounded(path, MAX_CONFIG_BYTES, follow_symlinks=True).decode("utf-8")
+    except FileTooLargeError:
+        raise ConfigError(str(path), [f"the file is larger than {format_size(MAX_CONFIG_BYTES)}; a "
+                                      "configuration is a few KiB"]) from None
     except OSError as err:
         raise ConfigError(str(path), [f"cannot read the file: {err.strerror or err}"]) from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(str(path), [f"not UTF-8 text: byte {err.object[err.start]:#04x} at offset "
+                                      f"{err.start} cannot be decoded"]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -118,11 +131,16 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
     """Build the settings from the file (optional), GPUSCOPE_* variables and flag overrides."""
     file_values = read_yaml(path) if path is not None else {}
     source = str(path) if path is not None else "environment/flags"
+    problems = environment_problems(Settings, os.environ)
+    if problems:
+        raise ConfigError(ENVIRONMENT, problems)
     try:
         from_env = Settings()  # env only: tells which fields the environment set
-        env_values = from_env.model_dump(exclude_unset=True)
+        env_values = from_env.model_dump(exclude_unset=True, by_alias=True)  # as a file writes them
     except ValidationError as err:
-        raise ConfigError("GPUSCOPE_* environment variables", format_errors(err)) from err
+        raise ConfigError(ENVIRONMENT, format_errors(err)) from err
+    except SettingsError as err:  # what environment_problems did not foresee: still no traceback
+        raise ConfigError(ENVIRONMENT, [f"{err}: {err.__cause__ or 'not usable'}"]) from err
     merged = _deep_merge(_deep_merge(file_values, env_values), overrides or {})
     try:
         settings = Settings.model_validate(merged)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -168,3 +169,40 @@ def test_a_running_agent_reports_each_source_it_runs(tmp_path: Path) -> None:
     assert success["nvml"] == success["alerts"] == success["captures"] == 1.0
     durations = set(re.findall(r'gpuscope_collector_duration_seconds\{collector="(\w+)"\}', body))
     assert durations == {"nvml", "processes", "pods", "alerts"}  # no capture has run yet
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+@pytest.mark.parametrize(("content", "environment", "expected"), [
+    (b"sample_interval: 1\nnode_name: \xff\xfe\n", {},
+     "not UTF-8 text: byte 0xff at offset 30 cannot be decoded"),
+    (b"", {"GPUSCOPE_SAMPLE_INTERVALL": "5"}, "GPUSCOPE_SAMPLE_INTERVALL: names no setting (a typo?)"),
+    (b"", {"GPUSCOPE_CAPTURE__TARGETS": "[{bad"}, "GPUSCOPE_CAPTURE__TARGETS: a section or a list is written "
+                                                 "as JSON here"),
+    (b"", {"GPUSCOPE_WEB": "listen_address=:1"}, "GPUSCOPE_WEB: a section or a list is written as JSON here"),
+    (b"x: " + b"y" * (1 << 20), {}, "the file is larger than 1.0 MiB"),
+])
+def test_configuration_edge_cases_exit_2_naming_the_problem(
+        tmp_path: Path, command: str, content: bytes, environment: dict[str, str], expected: str) -> None:
+    path = tmp_path / "gpuscope.yml"
+    path.write_bytes(content)
+    args = ["config", "check", str(path)] if command == "check" else ["run", "--config", str(path)]
+    result = subprocess.run([sys.executable, "-m", "gpuscope", *args], capture_output=True, text=True,
+                            check=False, timeout=60, env={**os.environ, **environment})
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr and "Traceback" not in result.stderr
+
+
+def test_every_setting_can_come_from_its_variable(tmp_path: Path) -> None:
+    """Aliased keys (`for`), sections and lists as JSON, upper or lower case: all taken, env over file."""
+    path = tmp_path / "gpuscope.yml"
+    path.write_text("alerting:\n  rules:\n    GpuLowUtilization:\n      for: 10m\n")
+    environment = {"GPUSCOPE_ALERTING__RULES__GPULOWUTILIZATION__FOR": "30s",
+                   "GPUSCOPE_CAPTURE__PROFILER_PORTS": "[6009, 9012]",
+                   "gpuscope_web": '{"listen_address": ":9999"}'}
+    code = ("from pathlib import Path; from gpuscope.config import load_settings; import sys; "
+            "s = load_settings(Path(sys.argv[1])); "
+            "print(s.alerting.rules.GpuLowUtilization.for_, s.capture.profiler_ports, s.web.listen_address)")
+    result = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                            check=False, timeout=60, env={**os.environ, **environment})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["30.0", "[6009,", "9012]", ":9999"]

@@ -2,7 +2,7 @@
 
 Regenerate the golden files after an intended change with::
 
-    GPUSCOPE_UPDATE_GOLDEN=1 pytest tests/test_exporter.py -k golden
+    UPDATE_GOLDEN=1 pytest tests/test_exporter.py -k golden
 
 and review the diff: every changed line is a change to what dashboards and alert rules see.
 """
@@ -201,11 +201,11 @@ def test_golden_exposition(filename: str) -> None:
     # The agent version is a placeholder in the files, so a release does not touch them.
     text = GOLDEN_CASES[filename]().replace(f'version="{__version__}"', f'version="{VERSION_PLACEHOLDER}"')
     path = GOLDEN / filename
-    if os.environ.get("GPUSCOPE_UPDATE_GOLDEN") == "1":
+    if os.environ.get("UPDATE_GOLDEN") == "1":
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(text.encode())
-    assert path.exists(), f"{path} missing; run with GPUSCOPE_UPDATE_GOLDEN=1 to create it"
-    assert text.encode() == path.read_bytes(), f"exposition differs from {path} (GPUSCOPE_UPDATE_GOLDEN=1)"
+    assert path.exists(), f"{path} missing; run with UPDATE_GOLDEN=1 to create it"
+    assert text.encode() == path.read_bytes(), f"exposition differs from {path} (UPDATE_GOLDEN=1)"
 
 
 # -- values and absence ------------------------------------------------------------------------------
@@ -550,10 +550,10 @@ def test_alert_collector_renders_exactly_the_catalogue() -> None:
 def test_alert_collector_golden() -> None:
     text = _render_alerts(_alert_source())
     path = GOLDEN / "alerts.prom"
-    if os.environ.get("GPUSCOPE_UPDATE_GOLDEN") == "1":
+    if os.environ.get("UPDATE_GOLDEN") == "1":
         path.write_bytes(text.encode())
-    assert path.exists(), f"{path} missing; run with GPUSCOPE_UPDATE_GOLDEN=1 to create it"
-    assert text.encode() == path.read_bytes(), f"exposition differs from {path} (GPUSCOPE_UPDATE_GOLDEN=1)"
+    assert path.exists(), f"{path} missing; run with UPDATE_GOLDEN=1 to create it"
+    assert text.encode() == path.read_bytes(), f"exposition differs from {path} (UPDATE_GOLDEN=1)"
 
 
 def test_alert_collector_values_absence_and_freshness() -> None:
