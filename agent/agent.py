@@ -94,7 +94,8 @@ class Agent:
                 store=self.captures.store if self.captures is not None else None,
                 snapshots=self.sampler, alerts=self.alerts, hostname=self.hostname)
         self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler,
-                                    alerts=self.alerts, webhook=self.webhook)
+                                    alerts=self.alerts, webhook=self.webhook,
+                                    expected_gpus=settings.nvml.expected_gpus)
         self._stopped = False
 
     def start(self) -> None:

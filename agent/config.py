@@ -56,6 +56,8 @@ class NvmlConfig(Section):
     retry_initial: Duration = Field(1.0, gt=0.0, le=3600.0,
                                     description="First retry delay when NVML is unavailable.")
     retry_max: Duration = Field(60.0, gt=0.0, le=3600.0, description="Retry back-off ceiling.")
+    expected_gpus: int | None = Field(None, ge=1, le=1024, description=(
+        "GPUs this node has: /-/ready fails while fewer are readable. Unset: whatever NVML lists."))
 
 
 class PodsConfig(Section):

@@ -72,6 +72,7 @@ class Sampler:
         wall_clock: Callable[[], float] = time.time,
         pods: PodLookup | None = None,
         health: SourceHealth | None = None,
+        expected_gpus: int | None = None,
     ) -> None:
         self._nvml = nvml
         self._inspector = inspector
@@ -85,6 +86,7 @@ class Sampler:
         self._wall_clock = wall_clock
         self._pods = pods or _no_pods
         self._health = health
+        self._expected_gpus = expected_gpus
         self._process_seconds = 0.0  # this tick's time in process mapping (part of every GPU's read)
 
         self._devices: list[NvmlDevice] = []
@@ -209,6 +211,11 @@ class Sampler:
             return
         try:
             self._nvml.init()
+            try:
+                devices = self._nvml.devices()
+            except NvmlUnavailable:
+                self._nvml.shutdown()  # not "up with no GPUs": down, and tried again like a failed init
+                raise
         except NvmlUnavailable as err:
             self._init_failures += 1
             if self._init_failures == 1:
@@ -218,9 +225,15 @@ class Sampler:
             self._next_init_at = now + self._backoff
             self._backoff = min(self._backoff * 2, self._retry_max)
             return
+        if self._init_failures:
+            log.info("NVML is available after %d failed attempt(s)", self._init_failures)
+        self._init_failures = 0
         self._backoff = self._retry_initial
         self._driver_version = self._nvml.driver_version()
-        self._devices = self._nvml.devices()
+        self._devices = devices
+        if self._expected_gpus is not None and len(devices) < self._expected_gpus:
+            log.warning("NVML lists %d GPU(s), %d expected (nvml.expected_gpus): /-/ready fails until "
+                        "they are all readable", len(devices), self._expected_gpus)
         self._states = {
             d.identity.index: _GpuState(IdleDipCounter(self._dip_threshold, self._dip_max_us))
             for d in self._devices

@@ -50,6 +50,7 @@ class NodeSampling:
             retry_max_seconds=settings.nvml.retry_max,
             pods=self.pods.pods_for if self.pods is not None else None,
             health=self.health,
+            expected_gpus=settings.nvml.expected_gpus,
         )
 
     def _pod_attribution(self, settings: Settings) -> PodAttribution | None:

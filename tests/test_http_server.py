@@ -11,14 +11,14 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
-from snapshots import FakeSource, make_full_snapshot, make_snapshot
+from snapshots import FakeSource, make_full_snapshot, make_gpus, make_snapshot
 
 from gpuscope.alerts.model import Alert, AlertState, TransitionState
 from gpuscope.exporters.prometheus import SnapshotCollector
@@ -281,6 +281,26 @@ def test_not_ready_when_stale(agent: Agent) -> None:
     # The sampler catches up: ready again.
     agent.source.snapshot = fresh_snapshot(monotonic=agent.clock.now - 0.1)
     assert agent.request("/-/ready")[0] == 200
+
+
+def test_not_ready_while_fewer_gpus_than_expected_are_readable() -> None:
+    """nvml.expected_gpus: a node whose GPUs vanished (or one fell off the bus) must not look ready."""
+    clock = FakeClock()
+    source = FakeSource(snapshot=fresh_snapshot(gpus=make_gpus(8)))
+    server = AgentHttpServer("127.0.0.1:0", registry=CollectorRegistry(), source=source, clock=clock,
+                             expected_gpus=8)
+    server.start()
+    try:
+        agent = Agent(server, source, clock)
+        assert agent.request("/-/ready")[0] == 200
+        source.snapshot = fresh_snapshot(gpus=make_gpus(6))
+        status, _, body = agent.request("/-/ready")
+        assert status == 503 and b"6 of the 8 expected GPUs are readable" in body
+        lost = [replace(g, up=False) if g.index == 3 else g for g in make_gpus(8)]
+        source.snapshot = fresh_snapshot(gpus=lost)
+        assert b"7 of the 8 expected" in agent.request("/-/ready")[2]
+    finally:
+        server.stop()
 
 
 def test_ready_uses_the_real_monotonic_clock_by_default() -> None:

@@ -283,3 +283,26 @@ def test_each_reading_reaches_the_snapshot_plainly_or_derived() -> None:
     readings = {f.name for f in dataclasses.fields(DeviceReadings)}
     assert set(PLAIN_READINGS) == readings - derived
     assert not derived & {f.name for f in dataclasses.fields(GpuReading)}
+
+
+def test_a_failed_enumeration_is_retried_never_up_with_no_gpus(simulate, clock: ManualClock,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """nvmlDeviceGetCount fails for the first 5 s (a driver settling at boot): NVML is reported down,
+    not up with 0 GPUs, and enumeration is tried again with the init back-off."""
+    simulate("count-fails", """
+name: count-fails
+driver: {count_fails_until: 5s}
+gpus: [{utilization: 0.9}, {utilization: 0.9}]
+""", spawn=False)
+    caplog.set_level(logging.DEBUG, logger="gpuscope")
+    sampler = make_sampler(clock)
+    seen = []
+    for _ in range(20):
+        snap = sampler.tick()
+        seen.append((clock.now, snap.nvml_up, len(snap.gpus)))
+        clock.now += 0.5
+    assert all(not up and gpus == 0 for now, up, gpus in seen if now < 5)
+    assert not any(up and gpus == 0 for _, up, gpus in seen), "never NVML up with no GPUs"
+    assert seen[-1][1:] == (True, 2)  # tried at 1, 2 and 4 s (failed), then at 8 s: enumerated
+    assert [r.levelno for r in caplog.records if "cannot list the GPUs" in r.getMessage()] == [logging.WARNING]
+    assert any("available after 3 failed attempt(s)" in r.getMessage() for r in caplog.records)

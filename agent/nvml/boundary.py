@@ -68,6 +68,16 @@ class NvmlUnavailable(NvmlError):
         )
 
 
+class NvmlEnumerationError(NvmlUnavailable):
+    """NVML is up but cannot list the GPUs (``nvmlDeviceGetCount`` failed): a driver still settling,
+    or in trouble. The caller shuts NVML down and tries again later, as when it cannot start."""
+
+    @property
+    def hint(self) -> str:
+        return (f"NVML cannot list the GPUs ({self.reason}); gpuscope serves gpuscope_nvml_up 0 and "
+                "retries")
+
+
 class GpuLostError(NvmlError):
     """The GPU fell off the bus or needs a reset; its other readings are not attempted this tick."""
 
@@ -131,8 +141,12 @@ class Nvml:
             return None
 
     def devices(self) -> list[NvmlDevice]:
-        """Enumerate the GPUs. A GPU whose identity cannot be read yet is returned with placeholders."""
-        count = pynvml.nvmlDeviceGetCount()
+        """Enumerate the GPUs. A GPU whose identity cannot be read yet is returned with placeholders.
+        NvmlEnumerationError when NVML cannot count them."""
+        try:
+            count = int(pynvml.nvmlDeviceGetCount())
+        except pynvml.NVMLError as err:
+            raise NvmlEnumerationError(f"nvmlDeviceGetCount failed: {_describe(err)}") from err
         found = []
         for index in range(count):
             try:

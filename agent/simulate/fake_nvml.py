@@ -24,6 +24,7 @@ from gpuscope.simulate.fake_nvml_base import (
     NOT_FOUND,
     NOT_SUPPORTED,
     OK,
+    UNKNOWN,
     Packer,
     api,
     device_api,
@@ -90,6 +91,8 @@ class FakeNvmlLib(AsyncApi):
 
     @api
     def nvmlDeviceGetCount_v2(self, count: Any) -> int:
+        if self.clock() < self.scenario.driver.count_fails_until:
+            return UNKNOWN
         count._obj.value = len(self.gpus)
         return OK
 

@@ -47,6 +47,8 @@ class DriverSpec(_Model):
     version: str = "550.90.07"
     nvml_version: str = "12.550.90.07"
     available_after: OptionalDuration = Field(0.0, description="Absolute seconds; null/'never': never.")
+    # Absolute seconds before which nvmlDeviceGetCount fails (a driver still settling at boot).
+    count_fails_until: Duration = 0.0
 
 
 class MemorySpec(_Model):

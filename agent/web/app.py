@@ -54,7 +54,9 @@ class AgentApp:
     """The WSGI application: routes a request to one small handler per endpoint."""
 
     def __init__(self, registry: CollectorRegistry, source: SnapshotSource, clock: Callable[[], float],
-                 alerts: AlertSource | None = None, webhook: WebhookHandler | None = None):
+                 alerts: AlertSource | None = None, webhook: WebhookHandler | None = None, *,
+                 expected_gpus: int | None = None):
+        self._expected_gpus = expected_gpus
         self._webhook = webhook
         self._registry = registry
         self._source = source
@@ -142,6 +144,10 @@ class AgentApp:
                 f"not ready: the latest snapshot is {age:.1f} s old (limit {limit:g} s); "
                 "the sampler may be stuck in an NVML call",
             )
+        readable = sum(1 for gpu in snapshot.gpus if gpu.up)
+        if self._expected_gpus is not None and readable < self._expected_gpus:
+            return _text("503 Service Unavailable", f"not ready: {readable} of the {self._expected_gpus} "
+                                                    "expected GPUs are readable (nvml.expected_gpus)")
         return _text("200 OK", "OK")
 
     def _snapshot(self, environ: WSGIEnvironment) -> _Response:

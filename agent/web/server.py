@@ -128,11 +128,12 @@ class AgentHttpServer:
         clock: Callable[[], float] = time.monotonic,
         alerts: AlertSource | None = None,
         webhook: WebhookHandler | None = None,
+        expected_gpus: int | None = None,
     ) -> None:
         self._address = listen_address
         address = parse_host_port(listen_address, listen=True)
         self._host, self._port = address.host, address.port
-        self._app = AgentApp(registry, source, clock, alerts, webhook)
+        self._app = AgentApp(registry, source, clock, alerts, webhook, expected_gpus=expected_gpus)
         self._server: _ThreadingWsgiServer | None = None
         self._thread: threading.Thread | None = None
 
