@@ -60,6 +60,15 @@ class NvmlConfig(Section):
         "GPUs this node has: /-/ready fails while fewer are readable. Unset: whatever NVML lists."))
 
 
+class WatchdogConfig(Section):
+    stuck_after: Duration = Field(3.0, ge=0.5, le=3600.0, description=(
+        "An NVML call on a GPU that has not returned after this long is given up on: the GPU is reported "
+        "down and skipped until the call returns, while the other GPUs keep reporting."))
+    unhealthy_after: Duration = Field(30.0, ge=5.0, le=3600.0, description=(
+        "/-/healthy fails when no sampling tick has completed for this long (Kubernetes' liveness probe "
+        "then restarts the agent)."))
+
+
 class PodsConfig(Section):
     enabled: bool = Field(True, description="Ask the kubelet which pod each GPU is allocated to.")
     socket: UnixSocketPath = Field(KUBELET_POD_RESOURCES_SOCKET,
@@ -86,6 +95,7 @@ class Settings(BaseSettings):
     processes: ProcessesConfig = ProcessesConfig()
     idle_dips: IdleDipsConfig = IdleDipsConfig()
     nvml: NvmlConfig = NvmlConfig()
+    watchdog: WatchdogConfig = WatchdogConfig()
     alerting: AlertingConfig = AlertingConfig()
     capture: CaptureConfig = CaptureConfig()
     control: ControlConfig = ControlConfig()
@@ -159,6 +169,9 @@ def _cross_field_problems(settings: Settings) -> list[str]:
     problems = []
     if settings.nvml.retry_max < settings.nvml.retry_initial:
         problems.append("nvml.retry_max: must not be shorter than nvml.retry_initial")
+    if settings.watchdog.unhealthy_after < 3 * settings.sample_interval:
+        problems.append("watchdog.unhealthy_after: must be at least 3 sample intervals "
+                        f"({format_duration(3 * settings.sample_interval)})")
     if settings.alerting.enabled:
         problems += validate_against_interval(settings.alerting.rules, settings.sample_interval)
     url = settings.alerting.alertmanager.url

@@ -25,13 +25,25 @@ from gpuscope.nvml.boundary import GpuLostError, Nvml, NvmlDevice, NvmlUnavailab
 from gpuscope.nvml.clock_events import decode_clock_event_reasons
 from gpuscope.nvml.readings import DeviceReadings
 from gpuscope.nvml.xid import XidWatcher
-from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot, UtilizationSample
+from gpuscope.read_guard import ReadGuard
+from gpuscope.snapshot import (
+    STALE_AFTER_INTERVALS,
+    GpuReading,
+    PodContainer,
+    ProcessReading,
+    Snapshot,
+    UtilizationSample,
+)
 
 log = logging.getLogger(__name__)
 
 SnapshotListener = Callable[[Snapshot], None]
 # (GPU UUID, GPU index) -> the pod containers the GPU is allocated to; a dictionary lookup, no I/O.
 PodLookup = Callable[[str, int], tuple[PodContainer, ...]]
+
+
+class _GivenUp(Exception):
+    """This sampler thread was given up on while stuck in an NVML call (see read_guard)."""
 
 
 # The readings the boundary hands over unchanged: DeviceReadings' fields that GpuReading has too.
@@ -73,6 +85,8 @@ class Sampler:
         pods: PodLookup | None = None,
         health: SourceHealth | None = None,
         expected_gpus: int | None = None,
+        stuck_after_seconds: float = 3.0,
+        unhealthy_after_seconds: float = 30.0,
     ) -> None:
         self._nvml = nvml
         self._inspector = inspector
@@ -103,7 +117,10 @@ class Sampler:
         self._listeners: list[SnapshotListener] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last_tick_started = 0.0
+        self._watchdog: threading.Thread | None = None
+        self._guard = ReadGuard(stuck_after_seconds)
+        self._unhealthy_after = unhealthy_after_seconds
+        self._progress_at = 0.0  # monotonic: when the sampler started, then when a tick last completed
 
     # ------------------------------------------------------------ SnapshotSource
 
@@ -115,7 +132,19 @@ class Sampler:
         return self._latest
 
     def is_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """Sampling makes progress: a tick completed within ``unhealthy_after`` (or the sampler started
+        that recently). A sampler stuck as a whole (NVML's init, a listener) is not alive."""
+        return self._thread is not None and time.monotonic() - self._progress_at < self._unhealthy_after
+
+    def snapshot_is_stale(self) -> bool:
+        latest = self._latest
+        limit = STALE_AFTER_INTERVALS * self._interval
+        return latest is not None and self._clock() - latest.monotonic >= limit
+
+    @property
+    def stuck_calls_total(self) -> int:
+        """NVML calls given up on since start (a GPU read that did not return within stuck_after)."""
+        return self._guard.stuck_calls_total
 
     # ------------------------------------------------------------ lifecycle
 
@@ -124,16 +153,25 @@ class Sampler:
         self._listeners.append(listener)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gpuscope-sampler", daemon=True)
+        self._progress_at = time.monotonic()
+        self._start_thread(self._guard.next_generation())
+        self._watchdog = threading.Thread(target=self._watch, name="gpuscope-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def _start_thread(self, generation: int) -> None:
+        self._thread = threading.Thread(target=self._run, args=(generation,), name="gpuscope-sampler",
+                                        daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 1.5) -> None:
+    def stop(self, timeout: float = 1.0) -> None:
         """Stop ticking; a tick stuck in NVML is abandoned (daemon thread) after ``timeout``."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for thread in (self._thread, self._watchdog):
+            if thread is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
         if self._xid is not None:
-            self._xid.stop(timeout=0.6)
+            self._xid.stop(timeout=max(0.0, deadline - time.monotonic()))
         if self._thread is None or not self._thread.is_alive():
             self._nvml.shutdown()
 
@@ -144,11 +182,26 @@ class Sampler:
             time.sleep(0.01)
         return self._latest
 
-    def _run(self) -> None:
+    def _watch(self) -> None:
+        """The watchdog: gives up on a GPU read that does not return (see read_guard)."""
+        period = max(self._guard.stuck_after_seconds / 2, 0.1)
+        while not self._stop.wait(period):
+            found = self._guard.stuck(time.monotonic())
+            if found is None:
+                continue
+            gpu, generation = found
+            log.warning("GPU %d: an NVML call has not returned for %gs: GPU %d is reported down and skipped "
+                        "until it returns; the other GPUs keep reporting", gpu,
+                        self._guard.stuck_after_seconds, gpu)
+            self._start_thread(generation)
+
+    def _run(self, generation: int) -> None:
         next_at = self._clock()
-        while not self._stop.is_set():
+        while not self._stop.is_set() and generation == self._guard.generation:
             try:
-                self.tick()
+                self.tick(generation)
+            except _GivenUp:
+                return  # a newer sampler thread carries on
             except Exception:  # a bug in one tick must not end sampling for good
                 log.exception("sampling tick failed")
             next_at += self._interval
@@ -160,8 +213,11 @@ class Sampler:
 
     # ------------------------------------------------------------ one tick
 
-    def tick(self) -> Snapshot:
-        """Read everything once and publish a new Snapshot."""
+    def tick(self, generation: int | None = None) -> Snapshot:
+        """Read everything once and publish a new Snapshot. ``generation``: the sampler thread's (see
+        read_guard); a tick called directly (tests, `gpuscope snapshot`) reads as the current one."""
+        if generation is None:
+            generation = self._guard.generation
         started = time.perf_counter()
         now = self._clock()
         self._process_seconds = 0.0
@@ -170,7 +226,7 @@ class Sampler:
         gpus: list[GpuReading] = []
         pids: set[int] = set()
         for device in self._devices:
-            reading = self._read_gpu(device, now)
+            reading = self._read_gpu(device, now, generation)
             gpus.append(reading)
             pids.update(p.pid for p in reading.processes)
         mapped = time.perf_counter()
@@ -188,8 +244,10 @@ class Sampler:
             sample_errors=dict(self._nvml.error_counts),
             interval_seconds=self._interval,
             monotonic=now,
+            nvml_stuck_calls_total=self._guard.stuck_calls_total,
         )
         self._latest = snapshot
+        self._progress_at = time.monotonic()
         for listener in self._listeners:
             try:
                 listener(snapshot)
@@ -246,24 +304,42 @@ class Sampler:
         self._xid = XidWatcher(self._nvml, self._devices)
         self._xid.start()
 
-    def _read_gpu(self, device: NvmlDevice, now: float) -> GpuReading:
-        state = self._states[device.identity.index]
-        xids = self._xid.counts(device.identity.index) if self._xid is not None else {}
+    def _read_gpu(self, device: NvmlDevice, now: float, generation: int) -> GpuReading:
+        ident = device.identity
+        state = self._states[ident.index]
+        xids = self._xid.counts(ident.index) if self._xid is not None else {}
+        if self._guard.held(ident.index):  # a call on it is still stuck: down, not asked again
+            return self._down(device, xids)
+        self._guard.begin(generation, ident.index, time.monotonic())
         try:
-            raw = self._nvml.read(device)
+            raw: DeviceReadings | None = self._nvml.read(device)
         except GpuLostError as err:
+            raw = None
             if not state.lost:
                 log.warning("GPU %d (%s) is lost: %s; the other GPUs keep reporting",
-                            device.identity.index, device.identity.uuid, err)
+                            ident.index, ident.uuid, err)
                 state.lost = True
-            ident = device.identity
-            return GpuReading(index=ident.index, uuid=ident.uuid, name=ident.name,
-                              pci_bus_id=ident.pci_bus_id, up=False, mig_enabled=ident.mig_enabled,
-                              xid_errors=xids, pods=self._pods(ident.uuid, ident.index))
+        finally:
+            current = self._guard.end(generation, ident.index)
+        if not current:
+            # Given up on while stuck in that call: the GPU is released (read again from the next
+            # tick, by the thread that carried on) and this thread touches nothing more.
+            log.info("GPU %d: the NVML call that was stuck returned", ident.index)
+            raise _GivenUp
+        if raw is None:
+            return self._down(device, xids)
         if state.lost:
-            log.info("GPU %d (%s) is readable again", device.identity.index, device.identity.uuid)
+            log.info("GPU %d (%s) is readable again", ident.index, ident.uuid)
             state.lost = False
         return self._to_reading(device, raw, state, xids, now)
+
+    def _down(self, device: NvmlDevice, xids: dict[int, int]) -> GpuReading:
+        """A GPU that could not be read this tick (lost, or held by a stuck call): identity, Xid counts
+        and pods only."""
+        ident = device.identity
+        return GpuReading(index=ident.index, uuid=ident.uuid, name=ident.name, pci_bus_id=ident.pci_bus_id,
+                          up=False, mig_enabled=ident.mig_enabled, xid_errors=xids,
+                          pods=self._pods(ident.uuid, ident.index))
 
     def _to_reading(self, device: NvmlDevice, raw: DeviceReadings, state: _GpuState,
                     xids: dict[int, int], now: float) -> GpuReading:

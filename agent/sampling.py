@@ -51,6 +51,8 @@ class NodeSampling:
             pods=self.pods.pods_for if self.pods is not None else None,
             health=self.health,
             expected_gpus=settings.nvml.expected_gpus,
+            stuck_after_seconds=settings.watchdog.stuck_after,
+            unhealthy_after_seconds=settings.watchdog.unhealthy_after,
         )
 
     def _pod_attribution(self, settings: Settings) -> PodAttribution | None:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
 ProcessKind = Literal["compute", "graphics"]
+STALE_AFTER_INTERVALS = 3  # a snapshot older than this many sampling intervals is stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +108,7 @@ class Snapshot:
     sample_errors: Mapping[str, int] = field(default_factory=dict)  # reading -> failures since start
     interval_seconds: float = 1.0
     monotonic: float = 0.0  # time.monotonic() at the tick, for staleness checks
+    nvml_stuck_calls_total: int = 0  # NVML calls given up on since start (their GPU reported down)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (frozensets become sorted lists, Xid keys become strings)."""
@@ -129,5 +131,10 @@ class SnapshotSource(Protocol):
         ...
 
     def is_alive(self) -> bool:
-        """True while the sampling thread runs (it may be stuck in a slow NVML call)."""
+        """True while sampling makes progress (a tick completed lately)."""
+        ...
+
+    def snapshot_is_stale(self) -> bool:
+        """The latest snapshot is older than STALE_AFTER_INTERVALS sampling intervals: its GPU
+        readings are not fit to export any more."""
         ...

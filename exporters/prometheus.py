@@ -106,6 +106,8 @@ _HELP_GPUS = "Number of GPUs discovered by NVML."
 _HELP_SAMPLE_DURATION = "Time the last sampling tick took, in seconds."
 _HELP_LAST_SAMPLE = "Unix time at which the last sampling tick finished, in seconds."
 _HELP_SAMPLE_ERRORS = "Failed readings since the agent started, by reading, in failures."
+_HELP_STUCK_CALLS = ("NVML calls that did not return within watchdog.stuck_after since the agent started, "
+                     "in calls; their GPU was reported down meanwhile.")
 
 _Family = GaugeMetricFamily | CounterMetricFamily
 _CLOCK_EVENT_NAMES: tuple[str, ...] = tuple(CLOCK_EVENT_REASONS.values())
@@ -115,8 +117,10 @@ class SnapshotCollector(Collector):
     """Renders the latest Snapshot of ``source`` as Prometheus metric families on every scrape.
 
     Before the first sampling tick (no snapshot yet) only the build info and ``gpuscope_nvml_up 0``
-    are exported. ``include_cmdline`` adds a ``cmdline`` label to the
-    per-process series (off by default: command lines can hold secrets and are high-cardinality).
+    are exported. While the snapshot is stale (the sampler stuck as a whole) only the agent's own
+    ``gpuscope_*`` families are: frozen ``gpu_*`` values would look current, absent ones let Prometheus
+    mark the series stale. ``include_cmdline`` adds a ``cmdline`` label to the per-process series (off
+    by default: command lines can hold secrets and are high-cardinality).
     """
 
     def __init__(self, source: SnapshotSource, *, include_cmdline: bool = False) -> None:
@@ -139,8 +143,9 @@ class SnapshotCollector(Collector):
             families.append(_gauge("gpuscope_nvml_up", _HELP_NVML_UP, (), [((), 0)]))
             return families
         families.extend(_agent_families(snapshot))
-        families.extend(_gpu_families(snapshot))
-        families.extend(self._process_families(snapshot.gpus))
+        if not self._source.snapshot_is_stale():
+            families.extend(_gpu_families(snapshot))
+            families.extend(self._process_families(snapshot.gpus))
         return [family for family in families if family.samples]
 
     def _process_families(self, gpus: Iterable[GpuReading]) -> list[Metric]:
@@ -225,6 +230,8 @@ def _agent_families(snapshot: Snapshot) -> list[Metric]:
         _gauge("gpuscope_last_sample_timestamp_seconds", _HELP_LAST_SAMPLE, (),
                [((), snapshot.timestamp)], unit="seconds"),
         errors,
+        CounterMetricFamily("gpuscope_nvml_stuck_calls", _HELP_STUCK_CALLS,
+                            value=snapshot.nvml_stuck_calls_total),
     ]
 
 

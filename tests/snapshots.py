@@ -165,6 +165,7 @@ class FakeSource:
     snapshot: Snapshot | Callable[[], Snapshot | None] | None = None
     alive: bool = True
     interval: float = 1.0
+    stale: bool = False
 
     @property
     def interval_seconds(self) -> float:
@@ -175,3 +176,6 @@ class FakeSource:
 
     def is_alive(self) -> bool:
         return self.alive
+
+    def snapshot_is_stale(self) -> bool:
+        return self.stale

@@ -206,3 +206,29 @@ def test_every_setting_can_come_from_its_variable(tmp_path: Path) -> None:
                             check=False, timeout=60, env={**os.environ, **environment})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["30.0", "[6009,", "9012]", ":9999"]
+
+
+def test_a_hanging_gpu_is_down_while_the_others_report(tmp_path: Path) -> None:
+    """The whole agent: GPU 1's NVML calls hang from 1 s to 60 s; within seconds /metrics shows it down
+    and counted, GPU 0 still reporting, and the agent healthy."""
+    scenario = tmp_path / "hanging.yaml"
+    scenario.write_text("""
+name: hanging
+gpus:
+  - {utilization: 0.9}
+  - {utilization: 0.9, failures: [{function: nvmlDeviceGetPowerUsage, from: 1s, to: 60s, error: hang}]}
+loop: false
+""")
+    config = tmp_path / "gpuscope.yml"
+    config.write_text("watchdog: {stuck_after: 1s}\n")
+    with run_agent(tmp_path, "--simulate", str(scenario), "--config", str(config),
+                   "--sample-interval", "200ms") as agent:
+        body = agent.wait_for("/metrics", "gpuscope_nvml_stuck_calls_total 1.0")
+        assert 'gpu_up{gpu="1",uuid=' in body and re.search(r'gpu_up\{gpu="1",uuid="[^"]+"\} 0\.0', body)
+        assert re.search(r'gpu_power_watts\{gpu="0",uuid="[^"]+"\} \d', body)
+        assert not re.search(r'gpu_power_watts\{gpu="1"', body)
+        assert agent.get("/-/healthy")[0] == 200
+        started = time.monotonic()
+        agent.proc.send_signal(signal.SIGTERM)
+        agent.proc.wait(timeout=10)
+        assert time.monotonic() - started < 2.0, "SIGTERM with a stuck NVML call"

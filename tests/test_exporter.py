@@ -285,6 +285,7 @@ def test_nvml_down_snapshot() -> None:
     assert sorted(collect(snapshot)) == sorted([
         "gpuscope_build_info", "gpuscope_nvml_up", "gpuscope_gpus", "gpuscope_sample_duration_seconds",
         "gpuscope_last_sample_timestamp_seconds", "gpuscope_sample_errors_total",
+        "gpuscope_nvml_stuck_calls_total",
     ])
     assert samples(snapshot, "gpuscope_nvml_up") == {(): 0.0}
     assert samples(snapshot, "gpuscope_gpus") == {(): 0.0}
@@ -691,3 +692,13 @@ def test_a_source_that_never_ran_has_no_duration_and_one_that_is_off_no_series()
     assert "gpuscope_collector_duration_seconds" not in families
     with pytest.raises(ValueError, match="unknown source"):
         health.record("gpu", success=True, duration_seconds=0.0)
+
+
+def test_a_stale_snapshot_exports_the_agents_own_families_only() -> None:
+    """A stuck sampler: no frozen gpu_* values (Prometheus marks them stale), the gpuscope_* ones stay."""
+    source = FakeSource(make_full_snapshot(), stale=True)
+    names = {_exposed_name(f) for f in SnapshotCollector(source).collect()}
+    assert names and all(name.startswith("gpuscope_") for name in names), names
+    assert {"gpuscope_last_sample_timestamp_seconds", "gpuscope_nvml_stuck_calls_total"} <= names
+    source.stale = False
+    assert any(_exposed_name(f).startswith("gpu_") for f in SnapshotCollector(source).collect())

@@ -245,7 +245,7 @@ def test_healthy(agent: Agent) -> None:
     status, headers, body = agent.request("/-/healthy")
     assert status == 503
     assert headers["content-type"] == "text/plain; charset=utf-8"
-    assert b"not running" in body
+    assert b"no sampling tick completed" in body
 
 
 def test_ready_when_fresh(agent: Agent) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ctypes.util
 import dataclasses
+import itertools
 import logging
+import threading
 import time
 from collections.abc import Iterator
 
@@ -307,3 +309,71 @@ gpus: [{utilization: 0.9}, {utilization: 0.9}]
     warnings = [r.levelno for r in caplog.records if "cannot list the GPUs" in r.getMessage()]
     assert warnings == [logging.WARNING]  # once per outage, not once per try
     assert any("available after 3 failed attempt(s)" in r.getMessage() for r in caplog.records)
+
+
+HANGING = """
+name: hanging
+gpus:
+  - {utilization: 0.9}
+  - {utilization: 0.9, failures: [{function: nvmlDeviceGetMemoryInfo_v2, from: 1s, to: 4s, error: hang}]}
+  - {utilization: 0.9}
+loop: false
+"""
+
+
+def test_a_gpu_whose_call_hangs_goes_down_alone_and_comes_back() -> None:
+    """GPU 1's NVML calls block from 1 s to 4 s (a stuck driver): it is reported down within
+    stuck_after and counted, GPUs 0 and 2 keep fresh values all along, and GPU 1 is read again once
+    the call returns. Real threads and the real clock: the hang blocks a real thread."""
+    simulation = Simulation(parse_scenario(HANGING, source="hanging"), spawn_processes=False)
+    simulation.install()
+    sampler = Sampler(Nvml(), ProcessInspector(host_pid_namespace=True), interval_seconds=0.1,
+                      stuck_after_seconds=0.5)
+    snapshots: list[Snapshot] = []
+    sampler.add_listener(snapshots.append)
+    try:
+        sampler.start()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (snapshots and snapshots[-1].nvml_stuck_calls_total
+                                                   and snapshots[-1].gpus[1].up):
+            time.sleep(0.05)
+        stuck = [s for s in snapshots if s.gpus and not s.gpus[1].up]
+        assert stuck, "GPU 1 was never reported down"
+        assert all(s.gpus[0].up and s.gpus[2].up for s in snapshots if s.gpus)
+        gaps = [b.monotonic - a.monotonic for a, b in itertools.pairwise(snapshots)]
+        assert max(gaps) < 0.5 + 0.1 + 0.3, "the other GPUs kept a fresh snapshot while GPU 1 hung"
+        assert snapshots[-1].gpus[1].up and snapshots[-1].nvml_stuck_calls_total == 1
+        assert sampler.is_alive()
+        started = time.monotonic()
+    finally:
+        sampler.stop()
+        simulation.uninstall()
+    assert time.monotonic() - started < 1.5
+
+
+def test_a_sampler_stuck_as_a_whole_is_not_alive_and_its_snapshot_is_stale() -> None:
+    """What /-/healthy and /metrics read: no tick completes (here a listener blocks the thread)."""
+    simulation = Simulation(parse_scenario("name: one\ngpus: [{utilization: 0.5}]\n", source="one"),
+                            spawn_processes=False)
+    simulation.install()
+    release = threading.Event()
+    sampler = Sampler(Nvml(), ProcessInspector(host_pid_namespace=True), interval_seconds=0.1,
+                      unhealthy_after_seconds=0.5)
+    sampler.add_listener(lambda snapshot: release.wait(10) and None)
+    try:
+        sampler.start()
+        time.sleep(0.2)
+        assert sampler.is_alive() and not sampler.snapshot_is_stale()
+        deadline = time.monotonic() + 5
+        while sampler.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not sampler.is_alive() and sampler.snapshot_is_stale()
+        release.set()
+        deadline = time.monotonic() + 5
+        while not sampler.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sampler.is_alive()
+    finally:
+        release.set()
+        sampler.stop()
+        simulation.uninstall()

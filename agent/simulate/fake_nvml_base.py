@@ -10,6 +10,7 @@ import itertools
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ _FAILURES = {
     "gpu_is_lost": GPU_IS_LOST,
     "no_data": NO_DATA,
 }
+HANG_POLL_S = 0.02
 
 
 class Return(Exception):
@@ -166,11 +168,21 @@ def device_api(fn: Callable[..., int]) -> Callable[..., int]:
                     if gpu.lost(t):
                         return GPU_IS_LOST
                     failure = gpu.failure(name, t)
-                    if failure is not None:
+                    if failure == "hang":
+                        hanging = gpu
+                    elif failure is not None:
                         return _FAILURES[failure]
-                return fn(self, gpu, t, *args)
+                    else:
+                        return fn(self, gpu, t, *args)
+                else:
+                    return fn(self, gpu, t, *args)
             except Return as early:
                 return early.code
+        # A hanging call blocks outside the lock, as a stuck device blocks only its own calls, until
+        # its window ends; then it answers as usual.
+        while hanging.failure(name, self.clock()) == "hang":
+            time.sleep(HANG_POLL_S)
+        return call(self, handle, *args)
 
     return call
 

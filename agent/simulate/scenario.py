@@ -35,7 +35,9 @@ DEVICE_FUNCTIONS = frozenset({
     "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents",
 })
 REASON_BITS = {name: bit for bit, name in CLOCK_EVENT_REASONS.items()}
-FailureCode = Literal["unknown", "not_supported", "timeout", "no_permission", "gpu_is_lost", "no_data"]
+# "hang": the call does not return while the window lasts (a stuck driver, as around Xid 79).
+FailureCode = Literal["unknown", "not_supported", "timeout", "no_permission", "gpu_is_lost", "no_data",
+                      "hang"]
 MAX_COMM_NAME = 15  # Linux truncates a thread's comm name (what psutil's name() shows) to 15 chars
 
 

@@ -128,7 +128,8 @@ class AgentApp:
     def _healthy(self, environ: WSGIEnvironment) -> _Response:
         if self._source.is_alive():
             return _text("200 OK", "OK")
-        return _text("503 Service Unavailable", "unhealthy: the sampling thread is not running")
+        return _text("503 Service Unavailable", "unhealthy: no sampling tick completed within "
+                                                "watchdog.unhealthy_after (the sampler is stuck or stopped)")
 
     def _ready(self, environ: WSGIEnvironment) -> _Response:
         snapshot = self._source.latest()
