@@ -75,7 +75,7 @@ class Agent:
             self.sampler.add_listener(self.alerts.on_snapshot)
             self.registry.register(AlertCollector(self.alerts))
             if alerting.event_log.path is not None:
-                self.event_log = AlertEventLog(alerting.event_log)
+                self.event_log = AlertEventLog(alerting.event_log, health=self.health)
                 self.alerts.add_listener(self.event_log)
         self.captures: Captures | None = build_captures(settings.capture, snapshots=self.sampler,
                                                         hostname=self.hostname, health=self.health)
@@ -95,7 +95,7 @@ class Agent:
                 snapshots=self.sampler, alerts=self.alerts, hostname=self.hostname)
         self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler,
                                     alerts=self.alerts, webhook=self.webhook,
-                                    expected_gpus=settings.nvml.expected_gpus)
+                                    expected_gpus=settings.nvml.expected_gpus, health=self.health)
         self._stopped = False
 
     def start(self) -> None:
@@ -122,7 +122,7 @@ class Agent:
             # Built once the port is bound: the alert's `instance` label names the real address.
             self.notifier = AlertmanagerNotifier(
                 self.settings.alerting.alertmanager, self.alerts, hostname=self.hostname,
-                instance=instance_label(host, port, self.hostname))
+                instance=instance_label(host, port, self.hostname), health=self.health)
             self.alerts.add_listener(self.notifier)
             self.notifier.start()
         self.sampler.start()

@@ -31,6 +31,7 @@ class SourceHealth:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._runs: dict[str, SourceRun] = {}
+        self._dead: dict[str, str | None] = {}  # thread name -> the source it served
 
     def record(self, source: str, *, success: bool, duration_seconds: float | None) -> None:
         if source not in SOURCES:
@@ -40,6 +41,20 @@ class SourceHealth:
             self._runs[source] = run
 
     def runs(self) -> dict[str, SourceRun]:
-        """Source -> its latest run, in SOURCES order (a copy)."""
+        """Source -> its latest run, in SOURCES order (a copy); a source one of whose threads died is
+        failed whatever its latest run says."""
         with self._lock:
-            return {source: self._runs[source] for source in SOURCES if source in self._runs}
+            failed = set(self._dead.values())
+            runs = {source: self._runs.get(source, SourceRun(False, None)) for source in SOURCES
+                    if source in self._runs or source in failed}
+        return {source: SourceRun(False, run.duration_seconds) if source in failed else run
+                for source, run in runs.items()}
+
+    def thread_died(self, thread: str, source: str | None) -> None:
+        """A long-lived thread ended on an error (see threads.start_thread); for good."""
+        with self._lock:
+            self._dead[thread] = source
+
+    def dead_threads(self) -> list[str]:
+        with self._lock:
+            return sorted(self._dead)

@@ -34,6 +34,7 @@ from gpuscope.snapshot import (
     Snapshot,
     UtilizationSample,
 )
+from gpuscope.threads import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +156,11 @@ class Sampler:
     def start(self) -> None:
         self._progress_at = time.monotonic()
         self._start_thread(self._guard.next_generation())
-        self._watchdog = threading.Thread(target=self._watch, name="gpuscope-watchdog", daemon=True)
-        self._watchdog.start()
+        self._watchdog = start_thread("gpuscope-watchdog", self._watch, health=self._health, source="nvml")
 
     def _start_thread(self, generation: int) -> None:
-        self._thread = threading.Thread(target=self._run, args=(generation,), name="gpuscope-sampler",
-                                        daemon=True)
-        self._thread.start()
+        self._thread = start_thread("gpuscope-sampler", lambda: self._run(generation), health=self._health,
+                                    source="nvml")
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop ticking; a tick stuck in NVML is abandoned (daemon thread) after ``timeout``."""
@@ -301,7 +300,7 @@ class Sampler:
             if d.identity.mig_enabled:
                 log.info("GPU %d has MIG enabled: no utilization samples, process utilization or GPM "
                          "for it (NVML does not provide them per MIG instance)", d.identity.index)
-        self._xid = XidWatcher(self._nvml, self._devices)
+        self._xid = XidWatcher(self._nvml, self._devices, health=self._health)
         self._xid.start()
 
     def _read_gpu(self, device: NvmlDevice, now: float, generation: int) -> GpuReading:

@@ -35,6 +35,8 @@ from typing import Any
 from gpuscope.alerts.config import AlertmanagerConfig
 from gpuscope.alerts.model import Alert, AlertSource, Transition
 from gpuscope.common.addresses import format_host_port
+from gpuscope.health import SourceHealth
+from gpuscope.threads import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +110,9 @@ class AlertmanagerNotifier:
         max_pending: int = MAX_PENDING,
         retry_initial_seconds: float = RETRY_INITIAL_SECONDS,
         retry_max_seconds: float = RETRY_MAX_SECONDS,
+        health: SourceHealth | None = None,
     ) -> None:
+        self._health = health
         self.endpoint = alertmanager_endpoint(config.url)
         self._resend_interval = config.resend_interval
         self._timeout = config.timeout
@@ -165,8 +169,7 @@ class AlertmanagerNotifier:
         if self._started:
             raise RuntimeError("the Alertmanager notifier can be started only once")
         self._started = True
-        self._thread = threading.Thread(target=self._run, name="gpuscope-alertmanager", daemon=True)
-        self._thread.start()
+        self._thread = start_thread("gpuscope-alertmanager", self._run, health=self._health, source="alerts")
         log.debug("pushing alerts to %s", self.endpoint)
 
     def stop(self) -> None:

@@ -30,6 +30,8 @@ from typing import IO, Any
 
 from gpuscope.alerts.config import EventLogConfig
 from gpuscope.alerts.model import Transition
+from gpuscope.health import SourceHealth
+from gpuscope.threads import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ class AlertEventLog:
         retry_seconds: float = RETRY_SECONDS,
         buffer_lines: int = BUFFER_LINES,
         clock: Callable[[], float] = time.monotonic,
+        health: SourceHealth | None = None,
     ) -> None:
         if not config.path:
             raise ValueError("the alert event log needs a path (alerting.event_log.path)")
@@ -71,8 +74,7 @@ class AlertEventLog:
         self.lines_written = 0
         self.errors = 0  # failed attempts to open, write or rotate
         self.dropped = 0  # lines lost because the buffer was full during an outage
-        self._thread = threading.Thread(target=self._run, name="gpuscope-eventlog", daemon=True)
-        self._thread.start()
+        self._thread = start_thread("gpuscope-eventlog", self._run, health=health, source="alerts")
 
     def __call__(self, transition: Transition) -> None:
         """Queue one transition's line (the rule engine's listener signature); never blocks on I/O."""

@@ -55,7 +55,8 @@ def build_captures(config: CaptureConfig, *, snapshots: SnapshotSource, hostname
                     "to a writable directory", config.store.root, err)
         return None
     # The node's Kineto on-demand daemon: PyTorch jobs started with KINETO_USE_DAEMON=1 register here.
-    kineto = KinetoDaemon(trace_dir=config.kineto.trace_dir, socket_dir=config.kineto.socket_dir)
+    kineto = KinetoDaemon(trace_dir=config.kineto.trace_dir, socket_dir=config.kineto.socket_dir,
+                          health=health)
     backends: dict[str, CaptureBackend] = {"tsl": TslProfilerBackend(),
                                            "kineto": KinetoBackend(kineto, hostname=hostname)}
     resolver = TargetResolver(profiler_ports=config.profiler_ports, static_targets=config.targets,

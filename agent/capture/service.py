@@ -41,6 +41,7 @@ from gpuscope.capture.store import (
 from gpuscope.capture.targets import TargetResolver
 from gpuscope.health import SourceHealth
 from gpuscope.snapshot import GpuReading, SnapshotSource
+from gpuscope.threads import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,7 @@ class CaptureService:
     def start(self) -> None:
         if self._health is not None:
             self._health.record("captures", success=True, duration_seconds=None)
-        self._thread = threading.Thread(target=self._run, name="gpuscope-capture", daemon=True)
-        self._thread.start()
+        self._thread = start_thread("gpuscope-capture", self._run, health=self._health, source="captures")
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop after the capture in progress (if any); queued triggers are dropped."""

@@ -26,6 +26,7 @@ from typing import Protocol
 from gpuscope.health import SourceHealth
 from gpuscope.host.kubelet import GpuAllocations, KubeletError, PodResourcesClient
 from gpuscope.snapshot import PodContainer
+from gpuscope.threads import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,7 @@ class PodAttribution:
             log.info("no kubelet pod-resources socket at %s: GPUs are not attributed to pods "
                      "(looking again every %gs)", self.socket_path, self._interval)
         self.refresh()
-        self._thread = threading.Thread(target=self._run, name="gpuscope-pods", daemon=True)
-        self._thread.start()
+        self._thread = start_thread("gpuscope-pods", self._run, health=self._health, source="pods")
 
     def stop(self, timeout: float = 0.5) -> None:
         """Quick: a refresh still waiting on the kubelet (at most ``timeout`` of its own) is left to

@@ -6,7 +6,9 @@ import logging
 import threading
 from typing import Any
 
+from gpuscope.health import SourceHealth
 from gpuscope.nvml.boundary import Nvml, NvmlDevice, NvmlUnavailable
+from gpuscope.threads import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +17,8 @@ _WAIT_MS = 500
 
 
 class XidWatcher:
-    def __init__(self, nvml: Nvml, devices: list[NvmlDevice]) -> None:
+    def __init__(self, nvml: Nvml, devices: list[NvmlDevice], *, health: SourceHealth | None = None) -> None:
+        self._health = health
         self._nvml = nvml
         self._devices = devices
         self._lock = threading.Lock()
@@ -29,8 +32,7 @@ class XidWatcher:
         self._event_set = self._nvml.xid_event_set(self._devices)
         if self._event_set is None:
             return False
-        self._thread = threading.Thread(target=self._run, name="gpuscope-xid", daemon=True)
-        self._thread.start()
+        self._thread = start_thread("gpuscope-xid", self._run, health=self._health, source="nvml")
         return True
 
     def stop(self, timeout: float = 1.0) -> None:

@@ -27,6 +27,7 @@ from prometheus_client.exposition import gzip_accepted
 
 from gpuscope.alerts.model import AlertSource
 from gpuscope.exporters.exposition import negotiate, restrict_families
+from gpuscope.health import SourceHealth
 from gpuscope.snapshot import SnapshotSource
 from gpuscope.version import __version__
 
@@ -55,8 +56,9 @@ class AgentApp:
 
     def __init__(self, registry: CollectorRegistry, source: SnapshotSource, clock: Callable[[], float],
                  alerts: AlertSource | None = None, webhook: WebhookHandler | None = None, *,
-                 expected_gpus: int | None = None):
+                 expected_gpus: int | None = None, health: SourceHealth | None = None):
         self._expected_gpus = expected_gpus
+        self._health = health
         self._webhook = webhook
         self._registry = registry
         self._source = source
@@ -145,6 +147,11 @@ class AgentApp:
                 f"not ready: the latest snapshot is {age:.1f} s old (limit {limit:g} s); "
                 "the sampler may be stuck in an NVML call",
             )
+        dead = self._health.dead_threads() if self._health is not None else []
+        if dead:
+            return _text("503 Service Unavailable",
+                         f"not ready: the {', '.join(dead)} thread(s) died (see the agent's log); restart "
+                         "the agent")
         readable = sum(1 for gpu in snapshot.gpus if gpu.up)
         if self._expected_gpus is not None and readable < self._expected_gpus:
             return _text("503 Service Unavailable", f"not ready: {readable} of the {self._expected_gpus} "

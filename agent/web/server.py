@@ -18,7 +18,9 @@ from prometheus_client import CollectorRegistry
 
 from gpuscope.alerts.model import AlertSource
 from gpuscope.common.addresses import parse_host_port
+from gpuscope.health import SourceHealth
 from gpuscope.snapshot import SnapshotSource
+from gpuscope.threads import start_thread
 from gpuscope.web.app import AgentApp, WebhookHandler
 
 log = logging.getLogger(__name__)
@@ -129,11 +131,13 @@ class AgentHttpServer:
         alerts: AlertSource | None = None,
         webhook: WebhookHandler | None = None,
         expected_gpus: int | None = None,
+        health: SourceHealth | None = None,
     ) -> None:
         self._address = listen_address
         address = parse_host_port(listen_address, listen=True)
         self._host, self._port = address.host, address.port
-        self._app = AgentApp(registry, source, clock, alerts, webhook, expected_gpus=expected_gpus)
+        self._app = AgentApp(registry, source, clock, alerts, webhook, expected_gpus=expected_gpus,
+                             health=health)
         self._server: _ThreadingWsgiServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -155,8 +159,7 @@ class AgentHttpServer:
             raise RuntimeError("the HTTP server is already started")
         server = _open_server(self._host, self._port, self._address)
         server.set_app(self._app)
-        thread = threading.Thread(target=server.serve_until_woken, name="gpuscope-http", daemon=True)
-        thread.start()
+        thread = start_thread("gpuscope-http", server.serve_until_woken)
         self._server, self._thread = server, thread
         log.debug("serving HTTP on %s (bound to %s)", self._address, self.bound_address)
 

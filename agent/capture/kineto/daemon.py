@@ -85,6 +85,8 @@ from gpuscope.common.unixfs import (
     file_identity,
     same_file,
 )
+from gpuscope.health import SourceHealth
+from gpuscope.threads import start_thread
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +144,9 @@ class KinetoDaemon:
 
     def __init__(self, *, socket_name: str = DEFAULT_SOCKET_NAME, socket_dir: str | Path | None = None,
                  trace_dir: str | Path | None = None, clock: Callable[[], float] = time.monotonic,
-                 expire_after_s: float = 3 * DEFAULT_POLL_PERIOD_S, max_clients: int = 4096) -> None:
+                 expire_after_s: float = 3 * DEFAULT_POLL_PERIOD_S, max_clients: int = 4096,
+                 health: SourceHealth | None = None) -> None:
+        self.health = health
         if not socket_name or "/" in socket_name or "\x00" in socket_name or len(socket_name) > 100:
             raise ValueError(f"invalid Kineto daemon socket name {socket_name!r}")
         self.socket_name = socket_name
@@ -200,8 +204,7 @@ class KinetoDaemon:
         remove_leftovers(self.trace_dir)  # only now: a second daemon refused above must not touch them
         self._sock = sock
         self._stop.clear()
-        self._thread = threading.Thread(target=self._serve, name="gpuscope-kineto", daemon=True)
-        self._thread.start()
+        self._thread = start_thread("gpuscope-kineto", self._serve, health=self.health, source="captures")
         log.info("Kineto on-demand daemon listening on %s (traces under %s)", self.address, self.trace_dir)
 
     def stop(self) -> None:

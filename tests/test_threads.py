@@ -1,0 +1,61 @@
+"""A long-lived thread that dies is logged, fails its source and makes the agent not ready."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry
+from snapshots import FakeSource, make_snapshot
+
+from gpuscope.exporters.health import SourceHealthCollector
+from gpuscope.health import SourceHealth
+from gpuscope.threads import start_thread
+from gpuscope.web.server import AgentHttpServer
+
+
+def test_a_thread_that_dies_is_logged_and_fails_its_source_for_good(caplog: pytest.LogCaptureFixture) -> None:
+    health = SourceHealth()
+    health.record("nvml", success=True, duration_seconds=0.001)
+
+    def buggy() -> None:
+        raise KeyError("a bug no loop foresaw")
+
+    with caplog.at_level(logging.ERROR, logger="gpuscope.threads"):
+        start_thread("gpuscope-xid", buggy, health=health, source="nvml").join(timeout=5)
+    assert "the gpuscope-xid thread died" in caplog.text and "KeyError" in caplog.text
+    assert health.dead_threads() == ["gpuscope-xid"]
+    health.record("nvml", success=True, duration_seconds=0.002)  # the sampler goes on reporting...
+    assert health.runs()["nvml"].success is False  # ... but the source stays failed
+    families = {f.name: f for f in SourceHealthCollector(health).collect()}
+    assert {s.labels["collector"]: s.value for s in families["gpuscope_collector_success"].samples} == {
+        "nvml": 0.0}
+
+
+def test_a_thread_that_ends_normally_is_not_dead() -> None:
+    health = SourceHealth()
+    done = threading.Event()
+    start_thread("gpuscope-pods", done.set, health=health, source="pods").join(timeout=5)
+    assert done.is_set() and health.dead_threads() == [] and health.runs() == {}
+
+
+def test_ready_names_a_dead_thread() -> None:
+    health = SourceHealth()
+    source = FakeSource(make_snapshot(monotonic=time.monotonic()))
+    server = AgentHttpServer("127.0.0.1:0", registry=CollectorRegistry(), source=source, health=health)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.bound_address[1]}/-/ready"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            assert response.status == 200
+        health.thread_died("gpuscope-alertmanager", "alerts")
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(url, timeout=5)
+        assert caught.value.code == 503
+        assert b"the gpuscope-alertmanager thread(s) died" in caught.value.read()
+    finally:
+        server.stop()
