@@ -6,6 +6,7 @@ import gc
 import logging
 import signal
 import threading
+import time
 from types import FrameType
 
 from prometheus_client import CollectorRegistry
@@ -31,6 +32,8 @@ from gpuscope.systemd_notify import SystemdNotifier
 from gpuscope.web.server import AgentHttpServer
 
 log = logging.getLogger(__name__)
+
+STOP_SECONDS = 1.5  # SIGTERM to exit, all parts together (systemd and Kubernetes allow far more)
 
 
 class Agent:
@@ -135,23 +138,32 @@ class Agent:
                  self.settings.sample_interval,
                  f", simulating {self.settings.simulate!r}" if self.settings.simulate else "")
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop everything within ``timeout``, in every state: a capture in progress, a sampler stuck in
+        NVML, clients connected. Each part gets what is left of one deadline (and no more than its own
+        share); what does not end in time is abandoned to its daemon thread, which the process's exit
+        ends. Nothing is left half-written: captures publish by rename, the event log by whole lines."""
         if self._stopped:
             return
         self._stopped = True
+        deadline = time.monotonic() + timeout
+
+        def share(most: float) -> float:
+            return max(0.0, min(most, deadline - time.monotonic()))
+
         self.systemd.stopping()
-        self.http.stop()
+        self.http.stop(timeout=share(0.3))
         if self.control is not None:
-            self.control.stop(grace=1.0)
-        self.sampler.stop()
+            self.control.stop(grace=share(0.4))
+        self.sampler.stop(timeout=share(0.4))
         if self.pods is not None:
-            self.pods.stop()
+            self.pods.stop(timeout=share(0.2))
         if self.notifier is not None:
-            self.notifier.stop()
+            self.notifier.stop(timeout=share(0.2))
         if self.event_log is not None:
-            self.event_log.close()
+            self.event_log.close(timeout=share(0.4))
         if self.captures is not None:
-            self.captures.stop()
+            self.captures.stop(timeout=share(0.5))
         self.sampling.uninstall()
 
     def run_until_signalled(self) -> None:

@@ -163,16 +163,18 @@ class Sampler:
                                     source="nvml")
 
     def stop(self, timeout: float = 1.0) -> None:
-        """Stop ticking; a tick stuck in NVML is abandoned (daemon thread) after ``timeout``."""
+        """Stop ticking within ``timeout``; a tick stuck in NVML is abandoned (a daemon thread)."""
         self._stop.set()
         deadline = time.monotonic() + timeout
         for thread in (self._thread, self._watchdog):
             if thread is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
         if self._xid is not None:
-            self._xid.stop(timeout=max(0.0, deadline - time.monotonic()))
+            self._xid.stop(timeout=0.0)  # asked now; shutting NVML down ends its event wait
         if self._thread is None or not self._thread.is_alive():
             self._nvml.shutdown()
+        if self._xid is not None:
+            self._xid.stop(timeout=max(0.0, deadline - time.monotonic()))
 
     def wait_first(self, timeout: float) -> Snapshot | None:
         """Block until the first snapshot exists (for `gpuscope snapshot` and tests)."""

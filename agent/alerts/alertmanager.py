@@ -172,14 +172,14 @@ class AlertmanagerNotifier:
         self._thread = start_thread("gpuscope-alertmanager", self._run, health=self._health, source="alerts")
         log.debug("pushing alerts to %s", self.endpoint)
 
-    def stop(self) -> None:
-        """Stop the worker promptly; a push in flight is abandoned after STOP_JOIN_SECONDS."""
+    def stop(self, timeout: float = STOP_JOIN_SECONDS) -> None:
+        """Stop the worker promptly; a push in flight is abandoned after ``timeout``."""
         thread, self._thread = self._thread, None
         with self._wake:
             self._stopping = True
             self._wake.notify_all()
         if thread is not None:
-            thread.join(timeout=STOP_JOIN_SECONDS)
+            thread.join(timeout)
 
     @property
     def queued(self) -> int:

@@ -96,14 +96,15 @@ class AlertEventLog:
         with self._wake:
             return self._wake.wait_for(lambda: self._closed or (self._idle and not self._due()), timeout)
 
-    def close(self) -> None:
-        """Write what is queued (one try) and close the file; later transitions are ignored."""
+    def close(self, timeout: float = CLOSE_JOIN_SECONDS) -> None:
+        """Write what is queued (one try) and close the file; later transitions are ignored. A write
+        in progress gets ``timeout`` to finish (a hung disk: then nothing more is written)."""
         with self._wake:
             if self._closed:
                 return
             self._closed = True
             self._wake.notify_all()
-        self._thread.join(CLOSE_JOIN_SECONDS)
+        self._thread.join(timeout)
         if self._thread.is_alive():  # stuck in a write on a hung disk: leave it to its daemon thread
             log.warning("event log %s: a write is still hanging; closed without writing %d transitions",
                         self.path, len(self._pending))

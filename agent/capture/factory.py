@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from gpuscope.capture.config import CaptureConfig
@@ -35,10 +36,13 @@ class Captures:
             log.warning("PyTorch (Kineto) captures disabled: %s%s", err, setting)
         self.service.start()
 
-    def stop(self) -> None:
-        self.service.stop()
+    def stop(self, timeout: float = 1.0) -> None:
+        """Within ``timeout``: a capture in progress is abandoned (its staging directory is removed at
+        the next start), the Kineto daemon stops, the store is released."""
+        deadline = time.monotonic() + timeout
+        self.service.stop(timeout=max(0.0, deadline - time.monotonic()))
         if self.kineto.running:
-            self.kineto.stop()
+            self.kineto.stop(timeout=max(0.0, deadline - time.monotonic()))
         self.store.close()
 
 

@@ -12,8 +12,9 @@ from gpuscope.threads import start_thread
 
 log = logging.getLogger(__name__)
 
-# How long one wait blocks; bounds how quickly the thread notices a stop request.
-_WAIT_MS = 500
+# How long one wait blocks. The thread wakes this often with nothing to do; a stop does not wait for
+# it: shutting NVML down ends the wait (stop() is followed by Nvml.shutdown()).
+_WAIT_MS = 10_000
 
 
 class XidWatcher:
@@ -36,6 +37,8 @@ class XidWatcher:
         return True
 
     def stop(self, timeout: float = 1.0) -> None:
+        """Ask the thread to end and wait up to ``timeout`` for it; one blocked in NVML's event wait
+        ends when NVML shuts down, or is left to its daemon thread."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)

@@ -163,7 +163,7 @@ class AgentHttpServer:
         self._server, self._thread = server, thread
         log.debug("serving HTTP on %s (bound to %s)", self._address, self.bound_address)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         """Stop serving and close the listening socket; requests in flight finish on their own."""
         server, thread = self._server, self._thread
         if server is None:
@@ -171,7 +171,7 @@ class AgentHttpServer:
         self._server = self._thread = None
         server.wake()
         if thread is not None:
-            thread.join(timeout=5)
+            thread.join(timeout)
         server.server_close()
 
 

@@ -41,6 +41,7 @@ import contextlib
 import errno
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -167,6 +168,7 @@ class KinetoDaemon:
         self._socket_dir_id: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._wake_reader = self._wake_writer = -1
         self._stats: dict[str, int] = dict.fromkeys(
             ("datagrams", "requests", "contexts", "malformed", "replies", "send_errors",
              "configs_delivered", "clients_dropped", "errors"), 0)
@@ -197,22 +199,31 @@ class KinetoDaemon:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
             self._bind(sock)
-            sock.settimeout(0.25)
+            sock.setblocking(False)  # the thread waits in poll(), on the socket and on its wake-up pipe
         except BaseException:
             sock.close()
             raise
         remove_leftovers(self.trace_dir)  # only now: a second daemon refused above must not touch them
         self._sock = sock
         self._stop.clear()
+        self._wake_reader, self._wake_writer = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._thread = start_thread("gpuscope-kineto", self._serve, health=self.health, source="captures")
         log.info("Kineto on-demand daemon listening on %s (traces under %s)", self.address, self.trace_dir)
 
-    def stop(self) -> None:
-        """Stops serving, closes (and for a file socket removes) the socket; idempotent."""
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stops serving, closes (and for a file socket removes) the socket; idempotent. The receiving
+        thread is woken at once; ``timeout`` bounds the wait for it (a datagram being handled)."""
         self._stop.set()
         thread, self._thread = self._thread, None
+        if self._wake_writer >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._wake_writer, b"\0")
         if thread is not None:
-            thread.join(timeout=5.0)
+            thread.join(timeout)
+        for fd in (self._wake_reader, self._wake_writer):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_reader = self._wake_writer = -1
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
@@ -334,12 +345,15 @@ class KinetoDaemon:
         sock = self._sock
         assert sock is not None
         ancillary = socket.CMSG_SPACE(UCRED.size)
+        # Blocks until a datagram or stop(): no periodic wake-up (registrations expire when read).
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        poller.register(self._wake_reader, select.POLLIN)
         while not self._stop.is_set():
             try:
                 data, ancdata, flags, address = sock.recvmsg(MAX_DATAGRAM + 1, ancillary)
-            except TimeoutError:
-                with self._lock:
-                    self._expire(self.clock())
+            except BlockingIOError:
+                poller.poll()
                 continue
             except OSError as err:
                 if self._stop.is_set():
