@@ -98,7 +98,8 @@ class Agent:
                 snapshots=self.sampler, alerts=self.alerts, hostname=self.hostname)
         self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler,
                                     alerts=self.alerts, webhook=self.webhook,
-                                    expected_gpus=settings.nvml.expected_gpus, health=self.health)
+                                    expected_gpus=settings.nvml.expected_gpus, health=self.health,
+                                    max_requests=settings.web.max_requests)
         self._stopped = False
 
     def start(self) -> None:

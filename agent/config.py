@@ -40,6 +40,8 @@ KUBELET_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock
 
 class WebConfig(Section):
     listen_address: ListenAddress = Field(":9847", description="HTTP address: host:port, :port or [v6]:port.")
+    max_requests: int = Field(64, ge=1, le=10_000, description=(
+        "HTTP requests handled at once; one more is answered 503 at once (bounds the agent's threads)."))
 
 
 class ProcessesConfig(Section):

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from gpuscope.capture.model import CaptureError, CaptureRecord
+from gpuscope.common.json_input import JsonInputError, load_json
 
 RECORD_FILE = "capture.json"
 RECORD_VERSION = 1
@@ -81,12 +82,10 @@ def record_to_bytes(record: CaptureRecord) -> bytes:
 
 def record_from_bytes(data: bytes) -> CaptureRecord:
     """A CaptureRecord from capture.json content; CaptureRecordError names what is wrong."""
-    if len(data) > MAX_RECORD_BYTES:
-        raise CaptureRecordError(f"{len(data)} bytes is too large for a capture record")
     try:
-        raw = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError) as err:
-        raise CaptureRecordError(f"not valid JSON: {err}") from err
+        raw = load_json(data, max_bytes=MAX_RECORD_BYTES)
+    except JsonInputError as err:
+        raise CaptureRecordError(f"capture record: {err}") from None
     return record_from_json(raw)
 
 
@@ -116,7 +115,3 @@ def record_from_json(raw: Any) -> CaptureRecord:
         for name in target.files:
             check_relative_path(name)
     return record
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed in a capture record")

@@ -9,7 +9,6 @@ nothing is triggered.
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import psutil
 
 from gpuscope.capture.model import CaptureError, Trigger
 from gpuscope.capture.service import CaptureRequest
+from gpuscope.common.json_input import JsonInputError, load_json
 
 MAX_BODY_BYTES = 1 << 20  # Alertmanager groups are small; a larger body is not a webhook
 MAX_ALERTS = 1000
@@ -37,12 +37,10 @@ class WebhookTrigger:
 
 def parse_webhook(body: bytes, *, hosts: Collection[str], port: int | None) -> list[WebhookTrigger]:
     """The capture triggers a webhook body asks of this node. ``hosts``: its names and addresses."""
-    if len(body) > MAX_BODY_BYTES:
-        raise WebhookError(f"payload of {len(body)} bytes exceeds the {MAX_BODY_BYTES}-byte limit")
     try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise WebhookError(f"not JSON: {err}") from None
+        payload = load_json(body, max_bytes=MAX_BODY_BYTES)
+    except JsonInputError as err:
+        raise WebhookError(f"payload: {err}") from None
     if not isinstance(payload, dict):
         raise WebhookError("the payload must be a JSON object")
     if payload.get("version") != "4":

@@ -114,10 +114,12 @@ class AgentApp:
             return status, headers, body
         if self._webhook is None:
             return _json("503 Service Unavailable", {"error": "captures are disabled on this agent"})
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            return _json("400 Bad Request", {"error": "invalid Content-Length"})
+        length_text = environ.get("CONTENT_LENGTH") or ""
+        if environ.get("HTTP_TRANSFER_ENCODING") or not length_text:
+            return _json("411 Length Required", {"error": "the body must come with a Content-Length"})
+        if not (length_text.isascii() and length_text.isdigit()) or len(length_text) > 15:
+            return _json("400 Bad Request", {"error": f"invalid Content-Length {length_text[:20]!r}"})
+        length = int(length_text)
         if length > WEBHOOK_MAX_BYTES:  # refused before reading it
             return _json("413 Content Too Large",
                          {"error": f"payload of {length} bytes exceeds the {WEBHOOK_MAX_BYTES}-byte limit"})

@@ -1,9 +1,22 @@
 """The agent's HTTP listener: a threading ``wsgiref`` server (the standard library only) that serves
-``app.AgentApp`` on the configured address, IPv4 and IPv6, and stops at once when asked."""
+``app.AgentApp`` on the configured address, IPv4 and IPv6, and stops at once when asked.
+
+Limits, as Go's net/http and Prometheus's exporter-toolkit set them:
+
+* the request line and headers together at most ``MAX_HEADER_BYTES`` (1 MiB), else 431 before any
+  more is read;
+* at most ``max_requests`` connections handled at once; one more is answered 503 at once and closed,
+  so a flood costs a short write, not a thread;
+* a client that sends nothing for ``REQUEST_TIMEOUT_SECONDS`` is dropped;
+* the listen backlog is the kernel's ``somaxconn``, so a burst of scrapers waits in the queue instead
+  of having its connections dropped (and retried seconds later);
+* the ``Server`` header says ``gpuscope``, not the Python version.
+"""
 
 from __future__ import annotations
 
 import errno
+import http.client
 import logging
 import selectors
 import socket
@@ -11,8 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 from socketserver import ThreadingMixIn
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from typing import Any, cast
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry
 
@@ -25,15 +38,84 @@ from gpuscope.web.app import AgentApp, WebhookHandler
 
 log = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT_SECONDS = 30.0  # a client that sends nothing for this long loses its thread
+REQUEST_TIMEOUT_SECONDS = 10.0  # a client that sends nothing for this long loses its connection
+MAX_HEADER_BYTES = 1 << 20  # the request line and headers together (Go's DefaultMaxHeaderBytes)
+DEFAULT_MAX_REQUESTS = 64
+SERVER_NAME = "gpuscope"
+_BUSY_RESPONSE = (b"HTTP/1.0 503 Service Unavailable\r\nServer: gpuscope\r\nContent-Type: text/plain; "
+                  b"charset=utf-8\r\nContent-Length: 56\r\nConnection: close\r\n\r\n"
+                  b"too many requests in progress (web.max_requests); retry\n")
+
+
+def somaxconn() -> int:
+    """The kernel's ceiling on a listen backlog (what Go's listeners ask for), else socket.SOMAXCONN."""
+    try:
+        with open("/proc/sys/net/core/somaxconn", "rb") as file:
+            return max(int(file.read().strip() or 0), socket.SOMAXCONN)
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
 
 
 class ListenError(OSError):
     """The server could not listen on the configured address (in use, not permitted, unknown host)."""
 
 
-class _QuietRequestHandler(WSGIRequestHandler):
+class _ServerHandler(ServerHandler):
+    server_software = SERVER_NAME
+
+
+class _HeaderBudget:
+    """The connection's reader while the headers are parsed: it refuses to read past the budget, so
+    a client cannot make the agent buffer more than MAX_HEADER_BYTES of headers."""
+
+    def __init__(self, inner: Any, budget: int) -> None:
+        self.inner = inner
+        self._left = budget
+
+    def readline(self, limit: int = -1) -> bytes:
+        if self._left <= 0:
+            raise http.client.HTTPException(f"the headers are larger than {MAX_HEADER_BYTES} bytes")
+        want = self._left + 1 if limit < 0 else min(limit, self._left + 1)
+        line: bytes = self.inner.readline(want)
+        self._left -= len(line)
+        if self._left < 0:
+            raise http.client.HTTPException(f"the headers are larger than {MAX_HEADER_BYTES} bytes")
+        return line
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _RequestHandler(WSGIRequestHandler):
     timeout = REQUEST_TIMEOUT_SECONDS
+
+    def version_string(self) -> str:
+        return SERVER_NAME  # not the Python version: nothing for a scanner to match
+
+    def handle(self) -> None:
+        """WSGIRequestHandler.handle, with the application's responses naming the server as
+        version_string() does (wsgiref's ServerHandler would add its and Python's versions)."""
+        self.raw_requestline = self.rfile.readline(65537)
+        if len(self.raw_requestline) > 65536:
+            self.requestline = self.request_version = self.command = ""
+            self.send_error(414)
+            return
+        if not self.parse_request():  # an error was answered
+            return
+        handler = _ServerHandler(self.rfile, cast(Any, self.wfile), self.get_stderr(), self.get_environ(),
+                                 multithread=False)
+        handler.request_handler = self  # type: ignore[attr-defined]  # wsgiref's back-pointer for logging
+        handler.run(self.server.get_app())  # type: ignore[attr-defined]
+
+    def parse_request(self) -> bool:
+        # Over budget, the base class answers 431 (it reads an HTTPException as "too many headers").
+        reader = self.rfile
+        request_line: bytes = getattr(self, "raw_requestline", b"")
+        self.rfile = cast(Any, _HeaderBudget(reader, MAX_HEADER_BYTES - len(request_line)))
+        try:
+            return bool(super().parse_request())
+        finally:
+            self.rfile = reader
 
     def log_message(self, format: str, *args: Any) -> None:
         """Log nothing per request: a 15 s scrape interval would flood the journal."""
@@ -44,14 +126,18 @@ class _ThreadingWsgiServer(ThreadingMixIn, WSGIServer):
     block_on_close = False
     timeout = 1.0  # bounds handle_request() when a ready connection is gone before accept()
 
-    def __init__(self, family: socket.AddressFamily, sockaddr: tuple[Any, ...], dual_stack: bool) -> None:
+    request_queue_size = somaxconn()
+
+    def __init__(self, family: socket.AddressFamily, sockaddr: tuple[Any, ...], dual_stack: bool,
+                 max_requests: int = DEFAULT_MAX_REQUESTS) -> None:
         self.address_family = family
         self._dual_stack = dual_stack
+        self._slots = threading.BoundedSemaphore(max_requests)
         # serve_forever() notices shutdown() only at its next poll; a wake-up socket makes stop()
         # immediate without waking the thread periodically while idle. (Created first: a failed
         # bind below calls server_close(), which closes it.)
         self._wake_reader, self._wake_writer = socket.socketpair()
-        super().__init__(sockaddr, _QuietRequestHandler)
+        super().__init__(sockaddr, _RequestHandler)
 
     def serve_until_woken(self) -> None:
         with selectors.DefaultSelector() as selector:
@@ -82,25 +168,46 @@ class _ThreadingWsgiServer(ThreadingMixIn, WSGIServer):
         self.server_port = int(self.server_address[1])
         self.setup_environ()
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):  # saturated: a short answer, no thread
+            try:
+                request.setblocking(False)
+                request.send(_BUSY_RESPONSE)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Clients that hang up mid-response are routine; the base class prints a traceback to stderr.
         log.debug("error while serving %s", client_address, exc_info=True)
 
 
-def _open_server(host: str, port: int, address: str) -> _ThreadingWsgiServer:
+def _open_server(host: str, port: int, address: str, max_requests: int) -> _ThreadingWsgiServer:
     try:
         if not host:
             if socket.has_ipv6:
                 try:
-                    return _ThreadingWsgiServer(socket.AF_INET6, ("::", port), dual_stack=True)
+                    return _ThreadingWsgiServer(socket.AF_INET6, ("::", port), True, max_requests)
                 except OSError as err:
                     # IPv6 disabled in the kernel (module absent, or disable_ipv6=1): IPv4 only.
                     if err.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT):
                         raise
-            return _ThreadingWsgiServer(socket.AF_INET, ("0.0.0.0", port), dual_stack=False)
+            return _ThreadingWsgiServer(socket.AF_INET, ("0.0.0.0", port), False, max_requests)
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, _, _, _, sockaddr = infos[0]
-        return _ThreadingWsgiServer(family, sockaddr, dual_stack=False)
+        return _ThreadingWsgiServer(family, sockaddr, False, max_requests)
     except OSError as err:
         hint = _LISTEN_HINTS.get(err.errno or 0, "")
         message = f"cannot listen on {address!r}: {err.strerror or err}{hint}"
@@ -132,7 +239,9 @@ class AgentHttpServer:
         webhook: WebhookHandler | None = None,
         expected_gpus: int | None = None,
         health: SourceHealth | None = None,
+        max_requests: int = DEFAULT_MAX_REQUESTS,
     ) -> None:
+        self._max_requests = max_requests
         self._address = listen_address
         address = parse_host_port(listen_address, listen=True)
         self._host, self._port = address.host, address.port
@@ -157,7 +266,7 @@ class AgentHttpServer:
         """Bind and serve on a daemon thread; raises ListenError (an OSError) naming the address."""
         if self._server is not None:
             raise RuntimeError("the HTTP server is already started")
-        server = _open_server(self._host, self._port, self._address)
+        server = _open_server(self._host, self._port, self._address, self._max_requests)
         server.set_app(self._app)
         thread = start_thread("gpuscope-http", server.serve_until_woken)
         self._server, self._thread = server, thread
