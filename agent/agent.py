@@ -18,18 +18,22 @@ from gpuscope.alerts.eventlog import AlertEventLog
 from gpuscope.alerts.rules import build_rules
 from gpuscope.capture.factory import Captures, build_captures
 from gpuscope.capture.webhook import WebhookReceiver, this_node_hosts
+from gpuscope.common.config_types import ConfigError
 from gpuscope.config import Settings
-from gpuscope.control.errors import ControlServerError
+from gpuscope.control.errors import ControlError, ControlServerError
 from gpuscope.control.server import ControlServer
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.exporters.health import SourceHealthCollector
 from gpuscope.exporters.pods import PodResourcesCollector
 from gpuscope.exporters.prometheus import SnapshotCollector
+from gpuscope.exporters.web import WebCollector
 from gpuscope.health import SourceHealth
 from gpuscope.sampling import NodeSampling
 from gpuscope.systemd_notify import SystemdNotifier
 from gpuscope.web.server import AgentHttpServer
+from gpuscope.web.web_config import WebConfigWatcher
+from gpuscope.web.webhook_auth import WebhookAuth
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +86,18 @@ class Agent:
                 self.alerts.add_listener(self.event_log)
         self.captures: Captures | None = build_captures(settings.capture, snapshots=self.sampler,
                                                         hostname=self.hostname, health=self.health)
+        # ConfigError (exit 2) when the web configuration file cannot be used.
+        self.web_config = WebConfigWatcher(settings.web.config_file)
         self.webhook: WebhookReceiver | None = None
+        webhook_auth: WebhookAuth | None = None
         if self.captures is not None:
             if self.alerts is not None:
                 self.alerts.add_listener(self.captures.service.on_transition)
             self.registry.register(CaptureCollector(self.captures.service))
-            self.webhook = WebhookReceiver(self.captures.service.submit,
-                                           hosts=this_node_hosts(settings.node_name), port=None)
+            if settings.capture.webhook.enabled:
+                webhook_auth = build_webhook_auth(settings, self.web_config)
+                self.webhook = WebhookReceiver(self.captures.service.submit,
+                                               hosts=this_node_hosts(settings.node_name), port=None)
         self.control: ControlServer | None = None
         if settings.control.enabled:
             self.control = ControlServer(
@@ -99,7 +108,9 @@ class Agent:
         self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler,
                                     alerts=self.alerts, webhook=self.webhook,
                                     expected_gpus=settings.nvml.expected_gpus, health=self.health,
-                                    max_requests=settings.web.max_requests)
+                                    max_requests=settings.web.max_requests, web_config=self.web_config,
+                                    webhook_auth=webhook_auth)
+        self.registry.register(WebCollector(self.http.rejections, self.web_config))
         self._stopped = False
 
     def start(self) -> None:
@@ -184,3 +195,19 @@ class Agent:
             self.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def build_webhook_auth(settings: Settings, web_config: WebConfigWatcher) -> WebhookAuth:
+    """The webhook's credentials, checked at start: ConfigError (exit 2) for a token file that cannot
+    be used or a user that the web configuration file does not define."""
+    webhook = settings.capture.webhook
+    auth = WebhookAuth(token_file=webhook.token_file, users=webhook.users, security=web_config.current)
+    try:
+        auth.check_token_file()
+    except ControlError as err:
+        raise ConfigError("capture.webhook.token_file", [str(err)]) from None
+    missing = sorted(set(webhook.users) - web_config.current().users.users())
+    if missing:
+        raise ConfigError("capture.webhook.users", [
+            f"{', '.join(missing)}: not in basic_auth_users of {settings.web.config_file}"])
+    return auth

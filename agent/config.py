@@ -42,6 +42,8 @@ class WebConfig(Section):
     listen_address: ListenAddress = Field(":9847", description="HTTP address: host:port, :port or [v6]:port.")
     max_requests: int = Field(64, ge=1, le=10_000, description=(
         "HTTP requests handled at once; one more is answered 503 at once (bounds the agent's threads)."))
+    config_file: Path | None = Field(None, description=(
+        "Web configuration file (exporter-toolkit's format): TLS, basic auth, headers, rate limit."))
 
 
 class ProcessesConfig(Section):
@@ -182,6 +184,9 @@ def _cross_field_problems(settings: Settings) -> list[str]:
             alertmanager_endpoint(url)
         except ValueError as err:
             problems.append(f"alerting.alertmanager.url: {err}")
+    if settings.capture.webhook.users and settings.web.config_file is None:
+        problems.append("capture.webhook.users: basic-auth users are defined in web.config_file, which is "
+                        "not set")
     if settings.alerting.alertmanager.resend_interval < settings.sample_interval:
         problems.append("alerting.alertmanager.resend_interval: must be at least the sample interval "
                         f"({format_duration(settings.sample_interval)})")

@@ -13,6 +13,7 @@ command -v prometheus >/dev/null && command -v promtool >/dev/null || packages+=
 command -v prometheus-alertmanager >/dev/null || packages+=(prometheus-alertmanager)
 command -v systemd-analyze >/dev/null || packages+=(systemd)
 command -v kubectl >/dev/null || packages+=(kubernetes-client)
+command -v curl >/dev/null || packages+=(curl)  # tests/test_web_security.py: a client certificate
 if [ ${#packages[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -21,23 +23,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+def http_get(url: str, timeout: float = 5.0, *, context: ssl.SSLContext | None = None,
+             headers: dict[str, str] | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers=headers or {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
 
 
 class RunningAgent:
-    def __init__(self, proc: subprocess.Popen[str], port: int, log: Path) -> None:
+    """``tls``: the CA file the agent's certificate chains to (it serves https on localhost);
+    ``user``: basic-auth credentials sent with every request."""
+
+    def __init__(self, proc: subprocess.Popen[str], port: int, log: Path, *, tls: Path | None = None,
+                 user: tuple[str, str] | None = None) -> None:
         self.proc = proc
         self.port = port
-        self.base = f"http://127.0.0.1:{port}"
+        self.base = f"https://localhost:{port}" if tls else f"http://127.0.0.1:{port}"
         self.log = log
+        self.context = ssl.create_default_context(cafile=str(tls)) if tls else None
+        self.headers = {}
+        if user is not None:
+            token = base64.b64encode(f"{user[0]}:{user[1]}".encode()).decode()
+            self.headers["Authorization"] = f"Basic {token}"
 
     def get(self, path: str) -> tuple[int, str]:
-        return http_get(self.base + path)
+        return http_get(self.base + path, context=self.context, headers=self.headers)
 
     def stderr(self) -> str:
         return self.log.read_text()
@@ -68,8 +81,10 @@ class RunningAgent:
 
 @contextmanager
 def run_agent(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
-              port: int | None = None) -> Iterator[RunningAgent]:
-    """`gpuscope run` on 127.0.0.1:``port`` (default: a free one) until the block ends."""
+              port: int | None = None, tls: Path | None = None,
+              user: tuple[str, str] | None = None) -> Iterator[RunningAgent]:
+    """`gpuscope run` on 127.0.0.1:``port`` (default: a free one) until the block ends; ``tls`` and
+    ``user`` as RunningAgent's, for an agent started with a web configuration file."""
     port = port or free_port()
     log = tmp_path / f"agent-{port}.log"
     with log.open("w") as err:
@@ -81,7 +96,7 @@ def run_agent(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
                  "GPUSCOPE_CONTROL__SOCKET": str(tmp_path / f"control-{port}.sock"),
                  **(env or {})},
         )
-    agent = RunningAgent(proc, port, log)
+    agent = RunningAgent(proc, port, log, tls=tls, user=user)
     try:
         agent.wait_healthy()
         yield agent

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pki import make_pki
 from test_control_api import (
     PROFILER,
     FakeBackend,
     Node,
-    make_pki,
     one_gpu_snapshot,
     running_node,
     short_dir,

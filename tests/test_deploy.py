@@ -177,8 +177,8 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def test_kustomize_renders_the_base(rendered: list[dict[str, Any]]) -> None:
     kinds = sorted(o["kind"] for o in rendered)
-    assert kinds == ["ConfigMap", "ConfigMap", "ConfigMap", "DaemonSet", "Namespace", "PrometheusRule",
-                     "Service", "ServiceMonitor"]
+    assert kinds == ["ConfigMap", "ConfigMap", "ConfigMap", "DaemonSet", "Namespace", "NetworkPolicy",
+                     "PrometheusRule", "Service", "ServiceMonitor"]
     for o in rendered:
         if o["kind"] != "Namespace":
             assert o["metadata"]["namespace"] == "gpuscope", o["metadata"]["name"]
@@ -193,6 +193,7 @@ def test_every_builtin_object_is_valid_for_the_pinned_kubernetes_versions(
             pytest.fail("kubernetes-validate is not installed; it is in the test extra of pyproject.toml")
         pytest.skip("kubernetes-validate is not installed (pip install -e '.[test]')")
     custom = {"ServiceMonitor", "PrometheusRule"}  # CRDs: checked by the tests below
+    validated: set[str] = set()
     for version in KUBERNETES_VERSIONS:
         for o in rendered:
             if o["kind"] in custom:
@@ -205,6 +206,8 @@ def test_every_builtin_object_is_valid_for_the_pinned_kubernetes_versions(
                 path = ".".join(str(p) for p in err.path)
                 name = f"{o['kind']}/{o['metadata']['name']}"
                 pytest.fail(f"{name} invalid for Kubernetes {version} at {path}: {err.message}")
+            validated.add(o["kind"])
+    assert {"Namespace", "ConfigMap", "DaemonSet", "Service", "NetworkPolicy"} <= validated, validated
 
 
 def test_the_daemonset_runs_on_gpu_nodes_with_the_least_privilege_it_needs(
@@ -280,6 +283,36 @@ def test_the_service_and_servicemonitor_find_the_agent(rendered: list[dict[str, 
     assert svc["metadata"]["labels"][monitor["spec"]["jobLabel"]] == "gpuscope"
     assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "instance",
             "action": "replace"} in endpoint["relabelings"]
+
+
+def test_the_networkpolicy_admits_only_prometheus_to_the_agents_port(rendered: list[dict[str, Any]]) -> None:
+    (ds,) = by_kind(rendered, "DaemonSet")
+    (policy,) = by_kind(rendered, "NetworkPolicy")
+    pod = ds["spec"]["template"]
+    # A pod in the host network is not isolated by NetworkPolicy with most network plugins.
+    assert pod["spec"].get("hostNetwork", False) is False
+    # Exactly the agent's pods: the pod template's labels, which are also the DaemonSet's selector.
+    assert policy["spec"]["podSelector"] == {"matchLabels": pod["metadata"]["labels"]}
+    assert policy["spec"]["podSelector"] == ds["spec"]["selector"]
+    # Ingress is restricted, egress is not (profiler targets and the Alertmanager are anywhere).
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in policy["spec"]
+    (rule,) = policy["spec"]["ingress"]
+    # The container's port, whether the policy names it or gives its number, and nothing else.
+    (container,) = pod["spec"]["containers"]
+    (container_port,) = container["ports"]
+    (port,) = rule["ports"]
+    assert port.get("protocol", "TCP") == container_port["protocol"] == "TCP"
+    assert port["port"] in (container_port["containerPort"], container_port["name"]), port
+    assert "endPort" not in port
+    # The port Prometheus scrapes (ServiceMonitor -> Service -> container port) is that port.
+    (svc,) = by_kind(rendered, "Service")
+    (monitor,) = by_kind(rendered, "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    (svc_port,) = [p for p in svc["spec"]["ports"] if p["name"] == endpoint["port"]]
+    assert svc_port["targetPort"] == container_port["name"]
+    # Prometheus Operator's Prometheus pods, from any namespace; no address ranges, no open peer.
+    assert rule["from"] == [{"namespaceSelector": {},
+                             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
 
 
 @pytest.mark.e2e

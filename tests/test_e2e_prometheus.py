@@ -134,3 +134,39 @@ def test_promtool_accepts_a_real_scrape(agent: RunningAgent, tmp_path: Path) -> 
                             timeout=30, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "" and result.stderr.strip() == ""  # no lint warnings either
+
+
+def test_prometheus_scrapes_over_tls_with_basic_auth_and_fails_without(tmp_path: Path) -> None:
+    """The agent with a web configuration file (TLS, a bcrypt user): Prometheus's job with the CA and
+    the password is up; the same target without the password, or over plain HTTP, is down."""
+    import bcrypt
+    from pki import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    password_file = tmp_path / "password"
+    password_file.write_text("scrape-password-42")
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+                   "basic_auth_users:\n"
+                   f"  prometheus: {bcrypt.hashpw(b'scrape-password-42', bcrypt.gensalt(4)).decode()}\n")
+    with run_agent(tmp_path, "--simulate", "skew", "--web.config.file", str(web), tls=pki.ca,
+                   user=("prometheus", "scrape-password-42")) as agent:
+        target = f"['127.0.0.1:{agent.port}']"
+        tls = f"tls_config: {{ca_file: {json.dumps(str(pki.ca))}}}"
+        config = ("global:\n  scrape_interval: 1s\nscrape_configs:\n"
+                  f"  - job_name: secured\n    scheme: https\n    {tls}\n"
+                  "    basic_auth: {username: prometheus, password_file: "
+                  f"{json.dumps(str(password_file))}}}\n"
+                  f"    static_configs: [{{targets: {target}}}]\n"
+                  f"  - job_name: no_password\n    scheme: https\n    {tls}\n"
+                  f"    static_configs: [{{targets: {target}}}]\n"
+                  f"  - job_name: plain_http\n    static_configs: [{{targets: {target}}}]\n")
+        with run_prometheus(tmp_path / "prometheus", config) as prometheus:
+            prometheus.wait_for('up{job="secured"} == 1')
+            prometheus.wait_for('gpu_up{job="secured"}', count=4)
+            prometheus.wait_for('up{job=~"no_password|plain_http"} == 0', count=2)
+            body = http_get(prometheus.base + "/api/v1/targets")[1]
+            errors = {t["labels"]["job"]: t["lastError"] for t in json.loads(body)["data"]["activeTargets"]}
+            assert errors["secured"] == "" and "401" in errors["no_password"], errors
+            assert errors["plain_http"], errors
+            assert prometheus.query('gpu_up{job!="secured"}') == []

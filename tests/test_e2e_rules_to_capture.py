@@ -2,6 +2,10 @@
 exports, Prometheus sends the alert to Alertmanager, Alertmanager's webhook reaches the agent's
 ``POST /api/v1/alertmanager``, and the agent captures the real JAX job on the alerting GPU.
 
+The agent runs as a secured node should: its port serves TLS only, Prometheus scrapes it with basic
+auth (its ``tls_config`` and ``basic_auth``), and Alertmanager's webhook sends the webhook's bearer
+token (``http_config.authorization.credentials_file``) over TLS.
+
     gpuscope run --simulate  <-scrape-  prometheus (deploy/prometheus/gpuscope-rules.yml, unchanged)
           ^                                  | alerts
           | webhook                          v
@@ -18,14 +22,18 @@ Alertmanager; its record says ``trigger.kind: webhook``, which the engine's capt
 from __future__ import annotations
 
 import json
+import os
 import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import bcrypt
 import pytest
 import yaml
 from agent_process import free_port, http_get, run_agent
 from capturing import Workload
+from pki import Pki, make_pki
 from test_alertmanager import active_alerts, run_alertmanager, wait_until
 from test_capture_service import scenario_for
 from test_e2e_prometheus import Prometheus, run_prometheus
@@ -44,6 +52,34 @@ XID_CODE = 48  # double-bit ECC: not on the rule's list of application-caused Xi
 XID_AT_S = 12
 DEADLINE_S = 45.0  # each hop below; the whole test takes about 25 s
 
+@dataclass(frozen=True)
+class Secrets:
+    pki: Pki
+    web_config: Path
+    password: str
+    password_file: Path
+    webhook_token: Path
+
+
+def make_secrets(folder: Path) -> Secrets:
+    """The agent's TLS certificate and web configuration (Prometheus's user), the password file
+    Prometheus reads, and the webhook's bearer token that Alertmanager sends."""
+    pki = make_pki(folder / "pki")
+    password = "scrape-" + os.urandom(8).hex()
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
+    web_config = folder / "web.yml"
+    web_config.write_text(f"tls_server_config:\n  cert_file: {pki.server_cert}\n"
+                          f"  key_file: {pki.server_key}\n"
+                          f"basic_auth_users:\n  prometheus: {hashed}\n")
+    password_file = folder / "password"
+    password_file.write_text(password)
+    token = folder / "webhook-token"
+    token.write_text("webhook-" + os.urandom(16).hex())
+    for path in (password_file, token):
+        path.chmod(0o600)
+    return Secrets(pki, web_config, password, password_file, token)
+
+
 def scenario(pid: int) -> str:
     """scenario_for(pid) (the JAX job on GPU 1) with an Xid on GPU 1 soon after start."""
     document = yaml.safe_load(scenario_for(pid))
@@ -52,7 +88,7 @@ def scenario(pid: int) -> str:
     return yaml.safe_dump(document)
 
 
-def alertmanager_config(agent_base: str) -> str:
+def alertmanager_config(agent_base: str, secrets: Secrets) -> str:
     # Grouped per alert and GPU, sent after 1 s; never repeated within the test.
     return f"""\
 route:
@@ -66,10 +102,13 @@ receivers:
     webhook_configs:
       - url: {agent_base}/api/v1/alertmanager
         send_resolved: false
+        http_config:
+          authorization: {{type: Bearer, credentials_file: {json.dumps(str(secrets.webhook_token))}}}
+          tls_config: {{ca_file: {json.dumps(str(secrets.pki.ca))}}}
 """
 
 
-def prometheus_config(agent_port: int, alertmanager: str) -> str:
+def prometheus_config(agent_port: int, alertmanager: str, secrets: Secrets) -> str:
     return f"""\
 global:
   scrape_interval: 1s
@@ -81,6 +120,9 @@ alerting:
         - targets: ['{urllib.parse.urlsplit(alertmanager).netloc}']
 scrape_configs:
   - job_name: gpuscope
+    scheme: https
+    tls_config: {{ca_file: {json.dumps(str(secrets.pki.ca))}}}
+    basic_auth: {{username: prometheus, password_file: {json.dumps(str(secrets.password_file))}}}
     static_configs:
       - targets: ['127.0.0.1:{agent_port}']
 """
@@ -115,21 +157,26 @@ def test_shipped_rule_fires_and_alertmanager_webhook_captures_the_job(
     scenario_path = tmp_path / "e2e-rules-xid.yaml"
     scenario_path.write_text(scenario(pid))
     config = tmp_path / "gpuscope.yml"
+    secrets = make_secrets(tmp_path / "secrets")
     config.write_text(
         "sample_interval: 500ms\n"
+        f"web:\n  config_file: {secrets.web_config}\n"
         "alerting:\n  enabled: false\n"
         f"capture:\n  profiler_ports: [{jax_job.port}]\n  duration: 1s\n"
         f"  rules: {{{ALERT}: true}}\n"
+        f"  webhook: {{enabled: true, token_file: {secrets.webhook_token}}}\n"
     )
     port = free_port()
     store = tmp_path / f"captures-{port}"  # run_agent's GPUSCOPE_CAPTURE__STORE__ROOT
     instance = f"127.0.0.1:{port}"
     # Prometheus and Alertmanager first, so that the scenario's clock starts once they are watching.
     agent_args = ("--config", str(config), "--simulate", str(scenario_path))
-    with run_alertmanager(tmp_path / "am", free_port(), alertmanager_config(f"http://{instance}")) as \
-            alertmanager, \
-            run_prometheus(tmp_path / "prometheus", prometheus_config(port, alertmanager)) as prometheus, \
-            run_agent(tmp_path, *agent_args, port=port) as agent:
+    with run_alertmanager(tmp_path / "am", free_port(), alertmanager_config(f"https://{instance}", secrets)) \
+            as alertmanager, \
+            run_prometheus(tmp_path / "prometheus", prometheus_config(port, alertmanager, secrets)) \
+            as prometheus, \
+            run_agent(tmp_path, *agent_args, port=port, tls=secrets.pki.ca,
+                      user=("prometheus", secrets.password)) as agent:
 
         def logs() -> str:
             return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}"
@@ -190,7 +237,7 @@ def test_shipped_rule_fires_and_alertmanager_webhook_captures_the_job(
                           integration="webhook") == 0, am_metrics
 
         # Only the webhook path: the agent's engine is off, and only that one capture exists.
-        assert get_json(agent.base + "/api/v1/alerts") == {"enabled": False, "alerts": []}
+        assert json.loads(agent.get("/api/v1/alerts")[1]) == {"enabled": False, "alerts": []}
         metrics = agent.get("/metrics")[1]
         assert metric_sum(metrics, "gpuscope_captures_total", trigger="webhook", outcome="captured") == 1
         assert metric_sum(metrics, "gpuscope_captures_total", trigger="alert") == 0

@@ -41,10 +41,13 @@ from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.exporters.health import SourceHealthCollector
 from gpuscope.exporters.prometheus import CMDLINE_MAX_CHARS, SnapshotCollector
+from gpuscope.exporters.web import WebCollector
 from gpuscope.health import SOURCES, SourceHealth
 from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
 from gpuscope.snapshot import GpuReading, PodContainer, Snapshot
 from gpuscope.version import __version__
+from gpuscope.web.rejections import Rejections
+from gpuscope.web.web_config import WebConfigWatcher
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = ROOT / "docs" / "metrics.md"
@@ -151,6 +154,7 @@ def test_full_snapshot_renders_exactly_the_catalogue() -> None:
     documented = set(parse_catalogue(text)) - set(parse_catalogue(catalogue_section(text, "Alerts")))
     documented -= set(parse_catalogue(catalogue_section(text, "Captures")))
     documented -= set(parse_catalogue(catalogue_section(text, "Sources")))  # SourceHealthCollector's
+    documented -= set(parse_catalogue(catalogue_section(text, "The HTTP port")))  # WebCollector's
     documented = {row for row in documented if not row.name.startswith("gpuscope_pod_resources_")}
     emitted = set()
     for family in collect(make_full_snapshot(), include_cmdline=True).values():
@@ -681,6 +685,27 @@ def test_source_health_collector_renders_exactly_the_catalogue() -> None:
     families = {_exposed_name(f): f for f in SourceHealthCollector(health).collect()}
     success = {s.labels["collector"]: s.value for s in families["gpuscope_collector_success"].samples}
     assert success == {"nvml": 1.0, "processes": 1.0, "pods": 0.0, "alerts": 1.0, "captures": 1.0}
+
+
+def test_web_collector_renders_exactly_the_catalogue(tmp_path: Path) -> None:
+    rejections = Rejections()
+    rejections.count("unauthorized")
+    rejections.count("unauthorized")
+    (tmp_path / "web.yml").write_text("")
+    collector = WebCollector(rejections, WebConfigWatcher(tmp_path / "web.yml"))
+    documented = set(parse_catalogue(catalogue_section(CATALOGUE.read_text(), "The HTTP port")))
+    families = list(collector.collect())
+    emitted = set()
+    for family in families:
+        labels = frozenset(key for sample in family.samples for key in sample.labels)
+        emitted.add(CatalogueRow(_exposed_name(family), family.type, family.unit, labels,
+                                 family.documentation))
+    assert emitted == documented
+    counts = {s.labels["reason"]: s.value for s in families[0].samples if s.name.endswith("_total")}
+    assert counts == {"busy": 0.0, "unauthorized": 2.0, "rate_limited": 0.0, "tls_handshake": 0.0}
+    # Without a web configuration file there is no reload to report.
+    assert [_exposed_name(f) for f in WebCollector(rejections, WebConfigWatcher(None)).collect()] == [
+        "gpuscope_http_rejected_requests_total"]
 
 
 def test_a_source_that_never_ran_has_no_duration_and_one_that_is_off_no_series() -> None:

@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,8 @@ from snapshots import FakeSource, make_snapshot
 
 from gpuscope.capture.webhook import WebhookError, parse_webhook
 from gpuscope.web.server import MAX_HEADER_BYTES, AgentHttpServer, _ThreadingWsgiServer, somaxconn
+from gpuscope.web.web_config import OPEN
+from gpuscope.web.webhook_auth import WebhookAuth
 
 PATH = "/api/v1/alertmanager"
 
@@ -35,12 +38,20 @@ class Webhook:
         return "200 OK", {"accepted": 0}
 
 
+TOKEN = "limits-test-token-0123456789"
+AUTH = b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+
+
 @pytest.fixture
-def server() -> Iterator[tuple[AgentHttpServer, Webhook]]:
+def server(tmp_path: Path) -> Iterator[tuple[AgentHttpServer, Webhook]]:
     webhook = Webhook()
     source = FakeSource(make_snapshot(monotonic=time.monotonic()))
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
+    auth = WebhookAuth(token_file=token_file, users=(), security=lambda: OPEN)
     agent = AgentHttpServer("127.0.0.1:0", registry=CollectorRegistry(), source=source, webhook=webhook,
-                            max_requests=3)
+                            webhook_auth=auth, max_requests=3)
     agent.start()
     try:
         yield agent, webhook
@@ -83,21 +94,21 @@ def test_headers_over_one_mib_get_431_without_being_read(server: tuple[AgentHttp
 def test_a_bad_content_length_is_refused_before_reading(server: tuple[AgentHttpServer, Webhook],
                                                          length: bytes, expected: int) -> None:
     request = (b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n"
-               b"Content-Length: " + length + b"\r\n\r\n" + b"x" * 100_000)
+               + AUTH + b"Content-Length: " + length + b"\r\n\r\n" + b"x" * 100_000)
     assert status(exchange(server[0], request)) == expected
     assert server[1].bodies == []
 
 
 def test_a_chunked_body_needs_a_length(server: tuple[AgentHttpServer, Webhook]) -> None:
-    request = (b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: node\r\nTransfer-Encoding: chunked\r\n\r\n"
-               b"2\r\n{}\r\n0\r\n\r\n")
+    request = (b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n"
+               + AUTH + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
     assert status(exchange(server[0], request)) == 411
 
 
 def test_deep_json_is_a_400_with_the_reason(server: tuple[AgentHttpServer, Webhook]) -> None:
     body = b"[" * 100_000 + b"]" * 100_000
     request = (b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n" % len(body) + body)
+               + AUTH + b"Content-Length: %d\r\n\r\n" % len(body) + body)
     response = exchange(server[0], request)
     assert status(response) == 400
     assert b"nested 100000 levels deep; at most 32" in response

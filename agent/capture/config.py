@@ -13,6 +13,11 @@ capture:
   targets:
     - {address: "10.0.0.7:6009", gpu: 0}
     - {address: "trainer:9012", all: true}
+  webhook:                                  # POST /api/v1/alertmanager: off unless enabled
+    enabled: true
+    token_file: /etc/gpuscope/webhook-token # Authorization: Bearer <token> (Alertmanager's
+                                            # http_config.authorization.credentials_file)
+    users: [alertmanager]                   # and/or basic auth: users of web.config_file
   kineto:                                   # PyTorch jobs started with KINETO_USE_DAEMON=1
     trace_dir: /run/gpuscope/kineto/traces  # they write their traces here: visible to them at this path
     socket_dir: /run/gpuscope/kineto/ipc    # unset: the abstract socket @dynolog (host network only)
@@ -139,6 +144,26 @@ class KinetoConfig(Section):
         return self
 
 
+class WebhookConfig(Section):
+    """Alertmanager's webhook (POST /api/v1/alertmanager): it starts captures, so it is off unless
+    enabled, and then answers only requests with its credentials."""
+
+    enabled: bool = Field(False, description="Accept capture triggers from Alertmanager's webhook.")
+    token_file: Path | None = Field(None, description="File holding the bearer token Alertmanager sends "
+                                                      "(Authorization: Bearer <token>, 16+ characters).")
+    users: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, max_length=64,
+        description="Basic-auth users (of web.config_file's basic_auth_users) allowed to trigger captures.")
+
+    @model_validator(mode="after")
+    def _credentials(self) -> WebhookConfig:
+        if self.enabled and self.token_file is None and not self.users:
+            raise ValueError("the webhook needs credentials: set token_file (a bearer token) or users "
+                             "(basic-auth users of web.config_file), as Alertmanager's http_config "
+                             "sends them")
+        return self
+
+
 class CaptureConfig(Section):
     enabled: bool = Field(True, description="Take captures at all (alert, webhook and user triggers).")
     store: StoreConfig = StoreConfig()
@@ -164,6 +189,7 @@ class CaptureConfig(Section):
     targets: list[StaticTarget] = Field(default_factory=list,
                                         description="Profiler services named by hand.")
     kineto: KinetoConfig = KinetoConfig()
+    webhook: WebhookConfig = WebhookConfig()
 
     @model_validator(mode="after")
     def _duration_within_max(self) -> CaptureConfig:

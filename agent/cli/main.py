@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(run)
     run.add_argument("--web.listen-address", dest="listen_address", metavar="ADDR",
                      help="HTTP listen address (default :9847).")
+    run.add_argument("--web.config.file", dest="config_file", type=Path, metavar="FILE",
+                     help="Web configuration (TLS, basic auth) in Prometheus exporter-toolkit's format.")
     run.add_argument("--sample-interval", type=_duration_flag, metavar="SECONDS",
                      help="Seconds between samples, or a duration such as 500ms (default 1).")
     run.add_argument("--processes.cmdline", dest="cmdline", action="store_true", default=None,
@@ -67,8 +69,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["simulate"] = args.simulate
     if getattr(args, "log_level", None):
         out["log_level"] = args.log_level
-    if getattr(args, "listen_address", None):
-        out["web"] = {"listen_address": args.listen_address}
+    web = {key: getattr(args, key) for key in ("listen_address", "config_file") if getattr(args, key, None)}
+    if web:
+        out["web"] = web
     if getattr(args, "sample_interval", None) is not None:
         out["sample_interval"] = args.sample_interval
     if getattr(args, "cmdline", None):
@@ -131,7 +134,11 @@ def _run(settings: Settings) -> int:
 
 def _config_check(path: Path) -> int:
     try:
-        load_settings(path)
+        settings = load_settings(path)
+        if settings.web.config_file is not None:
+            from gpuscope.web.web_config import load_web_config
+
+            load_web_config(settings.web.config_file)
     except ConfigError as err:
         print(f"gpuscope: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -30,9 +30,12 @@ from gpuscope.exporters.exposition import negotiate, restrict_families
 from gpuscope.health import SourceHealth
 from gpuscope.snapshot import SnapshotSource
 from gpuscope.version import __version__
+from gpuscope.web.rejections import Rejections
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
+
+    from gpuscope.web.webhook_auth import WebhookAuth
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,7 @@ _JSON = "application/json"
 _Response = tuple[str, list[tuple[str, str]], bytes]
 # POST /api/v1/alertmanager: the handler takes the body and returns (HTTP status line, JSON reply).
 WebhookHandler = Callable[[bytes], tuple[str, dict[str, Any]]]
+_JSON_TYPES = ("application/json",)
 WEBHOOK_PATH = "/api/v1/alertmanager"
 WEBHOOK_MAX_BYTES = 1 << 20
 
@@ -56,7 +60,12 @@ class AgentApp:
 
     def __init__(self, registry: CollectorRegistry, source: SnapshotSource, clock: Callable[[], float],
                  alerts: AlertSource | None = None, webhook: WebhookHandler | None = None, *,
-                 expected_gpus: int | None = None, health: SourceHealth | None = None):
+                 webhook_auth: WebhookAuth | None = None, expected_gpus: int | None = None,
+                 health: SourceHealth | None = None, rejections: Rejections | None = None):
+        if webhook is not None and webhook_auth is None:
+            raise ValueError("the webhook needs its credentials (webhook_auth)")
+        self._webhook_auth = webhook_auth
+        self._rejections = rejections if rejections is not None else Rejections()
         self._expected_gpus = expected_gpus
         self._health = health
         self._webhook = webhook
@@ -107,13 +116,27 @@ class AgentApp:
         return "200 OK", headers, body
 
     def _alertmanager_webhook(self, environ: WSGIEnvironment, method: str) -> _Response:
-        """POST /api/v1/alertmanager: Alertmanager's webhook, a capture trigger (see capture/webhook.py)."""
+        """POST /api/v1/alertmanager: Alertmanager's webhook, a capture trigger (see capture/webhook.py).
+        Checked in this order, each before the body is read: the webhook is on, the method, the
+        credentials, a JSON Content-Type (no form a browser can send cross-site), the length."""
+        if self._webhook is None or self._webhook_auth is None:
+            return _json("404 Not Found", {"error": "the Alertmanager webhook is off on this agent "
+                                                    "(capture.webhook.enabled)"})
         if method != "POST":
             status, headers, body = _text("405 Method Not Allowed", f"method {method} not allowed")
             headers.append(("Allow", "POST"))
             return status, headers, body
-        if self._webhook is None:
-            return _json("503 Service Unavailable", {"error": "captures are disabled on this agent"})
+        if not self._webhook_auth.allows(environ.get("HTTP_AUTHORIZATION") or ""):
+            self._rejections.count("unauthorized")
+            status, headers, body = _json("401 Unauthorized",
+                                          {"error": "the webhook's credentials are missing or wrong"})
+            headers.append(("WWW-Authenticate", self._webhook_auth.challenge()))
+            return status, headers, body
+        media_type = (environ.get("CONTENT_TYPE") or "").partition(";")[0].strip().lower()
+        if media_type not in _JSON_TYPES:
+            shown = media_type[:60] or "untyped"
+            return _json("415 Unsupported Media Type",
+                         {"error": f"the body must be application/json, not {shown!r}"})
         length_text = environ.get("CONTENT_LENGTH") or ""
         if environ.get("HTTP_TRANSFER_ENCODING") or not length_text:
             return _json("411 Length Required", {"error": "the body must come with a Content-Length"})

@@ -11,15 +11,21 @@ Limits, as Go's net/http and Prometheus's exporter-toolkit set them:
 * the listen backlog is the kernel's ``somaxconn``, so a burst of scrapers waits in the queue instead
   of having its connections dropped (and retried seconds later);
 * the ``Server`` header says ``gpuscope``, not the Python version.
+
+With a web configuration file (``web_config``), connections are TLS: the handshake runs on the
+connection's own thread (a slow client never holds up accept), and a saturated server closes a new
+connection instead of answering 503 in plain text.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import http.client
 import logging
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +40,12 @@ from gpuscope.common.addresses import parse_host_port
 from gpuscope.health import SourceHealth
 from gpuscope.snapshot import SnapshotSource
 from gpuscope.threads import start_thread
-from gpuscope.web.app import AgentApp, WebhookHandler
+from gpuscope.web.access import AccessControl
+from gpuscope.web.app import WEBHOOK_PATH, AgentApp, WebhookHandler
+from gpuscope.web.rejections import Rejections
+from gpuscope.web.tls_context import peer_sans
+from gpuscope.web.web_config import OPEN, WebConfigWatcher, WebSecurity
+from gpuscope.web.webhook_auth import WebhookAuth
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +128,13 @@ class _RequestHandler(WSGIRequestHandler):
         finally:
             self.rfile = reader
 
+    def get_environ(self) -> dict[str, Any]:
+        environ: dict[str, Any] = super().get_environ()
+        if isinstance(self.connection, ssl.SSLSocket):
+            environ["HTTPS"] = "on"  # wsgi.url_scheme: https
+            environ["wsgi.url_scheme"] = "https"
+        return environ
+
     def log_message(self, format: str, *args: Any) -> None:
         """Log nothing per request: a 15 s scrape interval would flood the journal."""
 
@@ -128,11 +146,16 @@ class _ThreadingWsgiServer(ThreadingMixIn, WSGIServer):
 
     request_queue_size = somaxconn()
 
-    def __init__(self, family: socket.AddressFamily, sockaddr: tuple[Any, ...], dual_stack: bool,
-                 max_requests: int = DEFAULT_MAX_REQUESTS) -> None:
+    def __init__(self, family: socket.AddressFamily, sockaddr: tuple[Any, ...], dual_stack: bool, *,
+                 max_requests: int = DEFAULT_MAX_REQUESTS,
+                 security: Callable[[], WebSecurity] = lambda: OPEN,
+                 rejections: Rejections | None = None) -> None:
         self.address_family = family
         self._dual_stack = dual_stack
         self._slots = threading.BoundedSemaphore(max_requests)
+        self._security = security
+        self._tls = security().tls  # fixed for the server's life: a reload cannot turn TLS on or off
+        self._rejections = rejections or Rejections()
         # serve_forever() notices shutdown() only at its next poll; a wake-up socket makes stop()
         # immediate without waking the thread periodically while idle. (Created first: a failed
         # bind below calls server_close(), which closes it.)
@@ -170,11 +193,13 @@ class _ThreadingWsgiServer(ThreadingMixIn, WSGIServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):  # saturated: a short answer, no thread
-            try:
-                request.setblocking(False)
-                request.send(_BUSY_RESPONSE)
-            except OSError:
-                pass
+            self._rejections.count("busy")
+            if not self._tls:  # over TLS a plain-text answer would be garbage: just close
+                try:
+                    request.setblocking(False)
+                    request.send(_BUSY_RESPONSE)
+                except OSError:
+                    pass
             self.shutdown_request(request)
             return
         try:
@@ -189,25 +214,51 @@ class _ThreadingWsgiServer(ThreadingMixIn, WSGIServer):
         finally:
             self._slots.release()
 
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if not self._tls:
+            super().finish_request(request, client_address)
+            return
+        security = self._security()
+        if security.ssl_context is None:  # unreachable: reloads keep TLS on
+            return
+        request.settimeout(REQUEST_TIMEOUT_SECONDS)  # bounds the handshake too
+        try:
+            connection = security.ssl_context.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as err:
+            self._rejections.count("tls_handshake")
+            log.debug("TLS handshake with %s failed: %s", client_address, err)
+            return
+        try:
+            if security.allowed_sans is not None and not security.allowed_sans.intersection(
+                    peer_sans(connection.getpeercert())):
+                self._rejections.count("tls_handshake")
+                log.debug("client certificate of %s names none of client_allowed_sans", client_address)
+                return
+            super().finish_request(connection, client_address)
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_WR)
+        finally:
+            connection.close()
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Clients that hang up mid-response are routine; the base class prints a traceback to stderr.
         log.debug("error while serving %s", client_address, exc_info=True)
 
 
-def _open_server(host: str, port: int, address: str, max_requests: int) -> _ThreadingWsgiServer:
+def _open_server(host: str, port: int, address: str, **options: Any) -> _ThreadingWsgiServer:
     try:
         if not host:
             if socket.has_ipv6:
                 try:
-                    return _ThreadingWsgiServer(socket.AF_INET6, ("::", port), True, max_requests)
+                    return _ThreadingWsgiServer(socket.AF_INET6, ("::", port), True, **options)
                 except OSError as err:
                     # IPv6 disabled in the kernel (module absent, or disable_ipv6=1): IPv4 only.
                     if err.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT):
                         raise
-            return _ThreadingWsgiServer(socket.AF_INET, ("0.0.0.0", port), False, max_requests)
+            return _ThreadingWsgiServer(socket.AF_INET, ("0.0.0.0", port), False, **options)
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, _, _, _, sockaddr = infos[0]
-        return _ThreadingWsgiServer(family, sockaddr, False, max_requests)
+        return _ThreadingWsgiServer(family, sockaddr, False, **options)
     except OSError as err:
         hint = _LISTEN_HINTS.get(err.errno or 0, "")
         message = f"cannot listen on {address!r}: {err.strerror or err}{hint}"
@@ -240,13 +291,20 @@ class AgentHttpServer:
         expected_gpus: int | None = None,
         health: SourceHealth | None = None,
         max_requests: int = DEFAULT_MAX_REQUESTS,
+        web_config: WebConfigWatcher | None = None,
+        webhook_auth: WebhookAuth | None = None,
     ) -> None:
         self._max_requests = max_requests
         self._address = listen_address
         address = parse_host_port(listen_address, listen=True)
         self._host, self._port = address.host, address.port
-        self._app = AgentApp(registry, source, clock, alerts, webhook, expected_gpus=expected_gpus,
-                             health=health)
+        self.web_config = web_config if web_config is not None else WebConfigWatcher(None)
+        self.rejections = Rejections()
+        app = AgentApp(registry, source, clock, alerts, webhook, webhook_auth=webhook_auth,
+                       expected_gpus=expected_gpus, health=health, rejections=self.rejections)
+        webhook_on = webhook is not None  # it checks its own credentials
+        self._app = AccessControl(app, self.web_config.current, rejections=self.rejections,
+                                  skip_auth=lambda path: webhook_on and path == WEBHOOK_PATH)
         self._server: _ThreadingWsgiServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -266,7 +324,8 @@ class AgentHttpServer:
         """Bind and serve on a daemon thread; raises ListenError (an OSError) naming the address."""
         if self._server is not None:
             raise RuntimeError("the HTTP server is already started")
-        server = _open_server(self._host, self._port, self._address, self._max_requests)
+        server = _open_server(self._host, self._port, self._address, max_requests=self._max_requests,
+                              security=self.web_config.current, rejections=self.rejections)
         server.set_app(self._app)
         thread = start_thread("gpuscope-http", server.serve_until_woken)
         self._server, self._thread = server, thread
