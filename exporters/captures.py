@@ -35,10 +35,15 @@ class CaptureStats(Protocol):
         """Unix time at which the newest stored capture with a trace started; None if there is none."""
         ...
 
+    def budget_remaining(self) -> int | None:
+        """Captures the hourly budget still allows now; None when there is no store."""
+        ...
+
 
 class CaptureCollector(Collector):
-    """Collects ``gpuscope_captures_total``, ``gpuscope_capture_store_bytes`` and
-    ``gpuscope_capture_last_timestamp_seconds`` from ``source``."""
+    """Collects ``gpuscope_captures_total``, ``gpuscope_capture_store_bytes``,
+    ``gpuscope_capture_budget_remaining`` and ``gpuscope_capture_last_timestamp_seconds`` from
+    ``source``."""
 
     def __init__(self, source: CaptureStats) -> None:
         self._source = source
@@ -70,6 +75,12 @@ class CaptureCollector(Collector):
                 "gpuscope_capture_store_bytes",
                 "Disk space used by the stored captures (traces and records), in bytes.",
                 value=float(stored), unit="bytes"))
+        budget = self._source.budget_remaining()
+        if budget is not None:
+            families.append(GaugeMetricFamily(
+                "gpuscope_capture_budget_remaining",
+                "Captures the hourly budget (capture.hourly_budget) still allows in the rolling hour, "
+                "restored across restarts.", value=float(budget)))
         last = self._source.last_capture_timestamp()
         if last is not None:
             families.append(GaugeMetricFamily(

@@ -167,6 +167,17 @@ def test_captures_a_training_process(node: Node, tmp_path: Path) -> None:
     assert node.daemon.stats()["configs_delivered"] >= 1
 
 
+def test_a_trace_over_max_trace_bytes_is_not_read(node: Node, tmp_path: Path) -> None:
+    small = KinetoBackend(node.daemon, max_trace_bytes=1000)
+    result = small.capture(CaptureTarget("kineto", node.busy.pid, source="kineto-registration"), 0.5,
+                           DirectoryStaging(tmp_path), deadline_s=DEADLINE_S)
+    assert result.outcome == "failed" and list(tmp_path.iterdir()) == []
+    assert result.error is not None and re.fullmatch(
+        r"the trace is [0-9.]+ [KM]iB, larger than capture.max_trace_bytes \(1000 B\); it was not read\. "
+        r"Capture for less time, or raise the limit", result.error), result.error
+    assert list(node.daemon.trace_dir.iterdir()) == []  # the job's file is removed all the same
+
+
 def test_a_second_concurrent_capture_is_busy(node: Node, tmp_path: Path) -> None:
     results: list[BackendResult] = []
     first = threading.Thread(target=lambda: results.append(capture(node, node.busy.pid, tmp_path / "a")))

@@ -18,6 +18,7 @@ from gpuscope.capture import store as store_module
 from gpuscope.capture.model import CaptureRecord, CaptureTarget, TargetOutcome, Trigger
 from gpuscope.capture.records import CAPTURE_ID, record_from_bytes
 from gpuscope.capture.store import (
+    CaptureDiskError,
     CaptureIdError,
     CaptureNotFoundError,
     CaptureQuotaError,
@@ -403,7 +404,8 @@ def test_a_capture_larger_than_the_quota_is_refused_and_nothing_is_evicted(tmp_p
         second = add(store, 4000, start=T0 + 1)
         before = {r.id: [(f.relative, f.path.read_bytes()) for f in store.files(r.id)] for r in store.list()}
         staging = store.begin(gpu=0)
-        write_trace(staging, 10_001)
+        # Written by hand (not through a staging file, which would have stopped it): commit refuses it.
+        (staging.path / "big.bin").write_bytes(b"x" * 10_001)
         with pytest.raises(CaptureQuotaError) as caught:
             store.commit(staging, record_for(staging))
         message = str(caught.value)
@@ -471,3 +473,81 @@ def test_concurrent_commits_under_a_tight_quota(tmp_path: Path) -> None:
         assert store.total_bytes() == sum(f.size for r in listed for f in store.files(r.id))
         # Eviction takes the oldest start first, so the capture that started last is never evicted.
         assert max(r.start for r in listed) == T0 + 5 * 10 + 5
+
+
+# -- room while writing: the quota and the file system's free space ---------------------------------------
+
+
+class Disk:
+    """A file system of ``size`` bytes holding ``other`` bytes of other programs' files and what the
+    store's root holds (measured): what CaptureStore's ``free_bytes`` reads."""
+
+    def __init__(self, size: int, other: int = 0) -> None:
+        self.size, self.other = size, other
+
+    def __call__(self, root: Path) -> int:
+        used = sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+        return max(0, self.size - self.other - used)
+
+
+def staged_bytes(staging: Staging) -> int:
+    return sum(p.stat().st_size for p in staging.path.rglob("*") if p.is_file())
+
+
+def test_a_trace_over_the_quota_stops_before_it_reaches_the_disk(tmp_path: Path) -> None:
+    with CaptureStore(tmp_path, quota_bytes=10_000) as store:
+        kept = add(store, 4000, start=T0)
+        staging = store.begin(gpu=0)
+        with pytest.raises(CaptureQuotaError, match=r"would be larger than the whole store quota of 9.8 KiB "
+                                                     r"\(capture.store.quota_bytes\): it was stopped at 0 B"):
+            write_trace(staging, 10_001)  # one write of it all: refused before a byte is written
+        assert staging.agent_failure is not None and staged_bytes(staging) == 0
+        with staging.new_file("chunks", ".bin") as new:
+            new.file.write(b"x" * 6000)
+            with pytest.raises(CaptureQuotaError, match=r"stopped at 5\.9 KiB"):
+                new.file.write(b"x" * 5000)
+            assert staged_bytes(staging) == 6000  # not a byte of the refused chunk
+        store.abort(staging)
+        assert store.list() == [kept]
+
+
+def test_min_free_bytes_evicts_the_oldest_then_stops_the_capture(tmp_path: Path) -> None:
+    disk = Disk(size=100_000, other=60_000)  # 40 kB left for the store
+    with CaptureStore(tmp_path, quota_bytes=1 << 30, min_free_bytes=20_000, free_bytes=disk) as store:
+        old = add(store, 8000, start=T0)
+        new = add(store, 8000, start=T0 + 1)  # 16 kB used (and two small records): about 24 kB free
+        staging = store.begin(gpu=0)
+        with staging.new_file("trace", ".bin") as file:
+            file.file.write(b"x" * 9000)  # 24 kB - 9 kB < 20 kB: the oldest capture makes room
+            assert store.list() == [new]
+            file.file.write(b"x" * 9000)  # and then the next oldest
+            assert store.list() == []
+            with pytest.raises(CaptureDiskError, match=r"has .* free: 8.8 KiB more would leave less than "
+                                                       r"capture.store.min_free_bytes \(19.5 KiB\), and no "
+                                                       "older capture is left to evict"):
+                file.file.write(b"x" * 9000)
+        assert isinstance(staging.agent_failure, CaptureDiskError)
+        store.abort(staging)
+        assert old.id not in entries(tmp_path)
+
+
+def test_a_write_error_of_the_agents_disk_is_noted(tmp_path: Path) -> None:
+    with CaptureStore(tmp_path, quota_bytes=1 << 20) as store:
+        staging = store.begin(gpu=0)
+        with staging.new_file("trace", ".bin") as new, open("/dev/full", "wb", buffering=0) as full:
+            # The writer's file replaced by /dev/full: writes fail as a full disk's do (ENOSPC).
+            new.file._inner.close()  # type: ignore[attr-defined]
+            new.file._inner = full  # type: ignore[attr-defined]
+            with pytest.raises(CaptureDiskError, match="cannot write to the capture store: No space left"):
+                new.file.write(b"x" * 10)
+        assert isinstance(staging.agent_failure, CaptureDiskError)
+        store.abort(staging)
+
+
+def test_the_store_restores_min_free_bytes_at_start(tmp_path: Path) -> None:
+    with CaptureStore(tmp_path, quota_bytes=1 << 30) as store:
+        old, new = add(store, 8000, start=T0), add(store, 8000, start=T0 + 1)
+    disk = Disk(size=100_000, other=75_000)  # something else filled the disk while the agent was down
+    with CaptureStore(tmp_path, quota_bytes=1 << 30, min_free_bytes=12_000, free_bytes=disk) as reopened:
+        assert reopened.list() == [new]
+        assert old.id not in entries(tmp_path)

@@ -288,6 +288,39 @@ def test_a_staging_directory_that_cannot_be_written_is_a_failure(scripted: tuple
     assert result.error.startswith(("FileExistsError", "NotADirectoryError"))
 
 
+def big_space(size: int) -> bytes:
+    """An XSpace of about ``size`` bytes (a plane's name carries the bulk)."""
+    space = xplane_pb2.XSpace.FromString(space_bytes())
+    space.planes[0].name = "x" * size
+    return space.SerializeToString()
+
+
+def test_a_trace_over_max_trace_bytes_is_refused_as_it_arrives(scripted: tuple[str, Scripted],
+                                                               tmp_path: Path) -> None:
+    address, server = scripted
+    space = big_space(3 << 20)
+    server.reply = lambda request, context: response(xspace=xplane_pb2.XSpace.FromString(space))
+    small = TslProfilerBackend(max_trace_bytes=2 << 20)
+    result = capture(address, 0.1, tmp_path, backend=small)
+    assert result.outcome == "failed" and listing(tmp_path) == []
+    assert result.error is not None
+    assert result.error.startswith("the target's trace is larger than capture.max_trace_bytes (2.0 MiB)")
+    assert "Received message larger than max" in result.error  # gRPC refused it from its length prefix
+    # Within the limit (and its allowance for the response's other fields): stored whole.
+    result = capture(address, 0.1, tmp_path, backend=TslProfilerBackend(max_trace_bytes=4 << 20))
+    assert result.outcome == "captured" and (tmp_path / result.files[0]).read_bytes() == space
+
+
+def test_a_trace_just_over_the_limit_within_the_allowance_is_refused_too(scripted: tuple[str, Scripted],
+                                                                       tmp_path: Path) -> None:
+    address, server = scripted
+    space = big_space((2 << 20) + 1000)  # over 2 MiB, under 2 MiB + the 1 MiB allowance: read, then refused
+    server.reply = lambda request, context: response(xspace=xplane_pb2.XSpace.FromString(space))
+    result = capture(address, 0.1, tmp_path, backend=TslProfilerBackend(max_trace_bytes=2 << 20))
+    assert result.outcome == "failed" and listing(tmp_path) == []
+    assert result.error is not None and f"({len(space)} bytes)" in result.error
+
+
 # --- validation -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("text", "host", "port", "target"), [

@@ -612,10 +612,11 @@ class FakeCaptureStats:
     """A CaptureStats whose counts, store size and last capture time the test sets."""
 
     def __init__(self, counts: dict[tuple[TriggerKind, Outcome], int] | None = None,
-                 stored: int | None = 0, last: float | None = None) -> None:
+                 stored: int | None = 0, last: float | None = None, budget: int | None = 6) -> None:
         self.counts = counts or {}
         self.stored = stored
         self.last = last
+        self.budget = budget
 
     def capture_counts(self) -> Mapping[tuple[TriggerKind, Outcome], int]:
         return dict(self.counts)
@@ -625,6 +626,9 @@ class FakeCaptureStats:
 
     def last_capture_timestamp(self) -> float | None:
         return self.last
+
+    def budget_remaining(self) -> int | None:
+        return self.budget
 
 
 def _capture_stats() -> FakeCaptureStats:
@@ -636,7 +640,8 @@ def _capture_stats() -> FakeCaptureStats:
 def test_capture_collector_renders_exactly_the_catalogue() -> None:
     documented = set(parse_catalogue(catalogue_section(CATALOGUE.read_text(), "Captures")))
     assert {row.name for row in documented} == {
-        "gpuscope_captures_total", "gpuscope_capture_store_bytes", "gpuscope_capture_last_timestamp_seconds"}
+        "gpuscope_captures_total", "gpuscope_capture_store_bytes", "gpuscope_capture_last_timestamp_seconds",
+        "gpuscope_capture_budget_remaining"}
     emitted = set()
     for family in CaptureCollector(_capture_stats()).collect():
         label_sets = {frozenset(s.labels) for s in family.samples}
@@ -659,9 +664,10 @@ def test_capture_collector_values_and_absence() -> None:
     assert len(counted) == 4 * 6 and counted[("webhook", "captured")] == 0.0
     assert [s.value for s in parsed["gpuscope_capture_store_bytes"].samples] == [12_345_678.0]
     assert [s.value for s in parsed["gpuscope_capture_last_timestamp_seconds"].samples] == [1_700_000_300.5]
+    assert [s.value for s in parsed["gpuscope_capture_budget_remaining"].samples] == [6.0]
 
     # Before the first capture: every counter at 0, an empty store, no last timestamp.
-    stats.counts, stats.stored, stats.last = {}, 0, None
+    stats.counts, stats.stored, stats.last, stats.budget = {}, 0, None, None
     families = {_exposed_name(m): m for m in CaptureCollector(stats).collect()}
     assert set(families) == {"gpuscope_captures_total", "gpuscope_capture_store_bytes"}
     assert {s.value for s in families["gpuscope_captures_total"].samples} == {0.0}

@@ -3,8 +3,9 @@
 ```yaml
 capture:
   enabled: true
-  store: {root: /var/lib/gpuscope/captures, quota_bytes: 2GiB}
+  store: {root: /var/lib/gpuscope/captures, quota_bytes: 2GiB, min_free_bytes: 256MiB}
   duration: 2s          # an alert-triggered capture; a user may ask for up to max_duration
+  max_trace_bytes: 64MiB    # per target; the agent holds about 3.6x this while a trace arrives
   max_duration: 30s
   cooldown: 15m         # per GPU, for alert and webhook triggers
   hourly_budget: 6      # captures of any trigger in a rolling hour
@@ -40,6 +41,11 @@ from gpuscope.common.durations import format_duration
 from gpuscope.common.unixfs import MAX_UNIX_SOCKET_PATH_BYTES
 
 MAX_DURATION_SECONDS = 30.0  # the longest capture anyone may ask for (a trace of 30 s is already large)
+# A trace received over gRPC is held about 3.6 times over while it arrives (gRPC's buffers, the
+# message, the allocator's slack): 64 MiB keeps the agent's peak near 300 MiB, well within the
+# shipped 512 MiB memory limits (bench/capture_memory.py measures it).
+DEFAULT_MAX_TRACE_BYTES = 64 * 2**20
+MAX_TRACE_BYTES_CEILING = 2**31 - 2**21  # a gRPC message is at most 2 GiB
 MIN_QUOTA_BYTES = 2**20
 # PyTorch binds its client socket at <socket_dir>/dynoconfigclient<36-character uuid>: 53 bytes after
 # the directory, in a Unix socket address of at most 107 (measured with PyTorch 2.13: 54 works, 55 fails).
@@ -96,6 +102,9 @@ class StoreConfig(Section):
     quota_bytes: ByteSize = Field(2 * 2**30, ge=MIN_QUOTA_BYTES,
                               description="Disk space the captures may use; the oldest are evicted first. "
                                           "Sizes such as 2GiB or 500MB are accepted.")
+    min_free_bytes: ByteSize = Field(256 * 2**20, description=(
+        "Free space the store's file system keeps: a capture that would leave less evicts the oldest "
+        "captures first, and stops (failed on the agent's side) when none is left."))
 
 
 class StaticTarget(Section):
@@ -176,6 +185,10 @@ class CaptureConfig(Section):
                                            "GPU are refused for this long.")
     hourly_budget: int = Field(6, ge=1, le=3600,
                                description="Captures of any trigger allowed in a rolling hour.")
+    max_trace_bytes: ByteSize = Field(
+        DEFAULT_MAX_TRACE_BYTES, ge=MIN_QUOTA_BYTES, le=MAX_TRACE_BYTES_CEILING, description=(
+            "Largest trace taken from one target: a gRPC response is refused as it starts to arrive, "
+            "a Kineto file before it is read. The agent holds about 3.6x this in memory while receiving."))
     deadline_margin: Duration = Field(10.0, gt=0.0, le=120.0,
                                       description="Time a backend may take beyond the capture duration "
                                                   "(connection, trace transfer) before it is abandoned.")

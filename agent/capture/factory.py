@@ -10,6 +10,7 @@ from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.kineto.backend import KinetoBackend
 from gpuscope.capture.kineto.daemon import KinetoDaemon
 from gpuscope.capture.kineto.errors import KinetoDaemonError
+from gpuscope.capture.ledger import LEDGER_FILE, AdmissionLedger, Admissions
 from gpuscope.capture.model import CaptureBackend
 from gpuscope.capture.policy import CapturePolicy
 from gpuscope.capture.service import CaptureService
@@ -53,7 +54,8 @@ def build_captures(config: CaptureConfig, *, snapshots: SnapshotSource, hostname
     if not config.enabled:
         return None
     try:
-        store = CaptureStore(config.store.root, quota_bytes=config.store.quota_bytes)
+        store = CaptureStore(config.store.root, quota_bytes=config.store.quota_bytes,
+                             min_free_bytes=config.store.min_free_bytes)
     except (OSError, CaptureStoreError) as err:
         log.warning("captures disabled: cannot use the capture store %s (%s); set capture.store.root "
                     "to a writable directory", config.store.root, err)
@@ -61,11 +63,26 @@ def build_captures(config: CaptureConfig, *, snapshots: SnapshotSource, hostname
     # The node's Kineto on-demand daemon: PyTorch jobs started with KINETO_USE_DAEMON=1 register here.
     kineto = KinetoDaemon(trace_dir=config.kineto.trace_dir, socket_dir=config.kineto.socket_dir,
                           health=health)
-    backends: dict[str, CaptureBackend] = {"tsl": TslProfilerBackend(),
-                                           "kineto": KinetoBackend(kineto, hostname=hostname)}
+    backends: dict[str, CaptureBackend] = {
+        "tsl": TslProfilerBackend(max_trace_bytes=config.max_trace_bytes),
+        "kineto": KinetoBackend(kineto, hostname=hostname, max_trace_bytes=config.max_trace_bytes)}
     resolver = TargetResolver(profiler_ports=config.profiler_ports, static_targets=config.targets,
                               kineto_registered=kineto.registered)
-    service = CaptureService(store=store, policy=CapturePolicy(config), resolver=resolver,
+    ledger = AdmissionLedger(store.root / LEDGER_FILE)
+    policy = CapturePolicy(config, ledger=ledger, restored=restored_admissions(ledger, store))
+    service = CaptureService(store=store, policy=policy, resolver=resolver,
                              backends=backends, snapshots=snapshots, hostname=hostname, health=health,
                              deadline_margin_s=config.deadline_margin)
     return Captures(service, store, kineto)
+
+
+def restored_admissions(ledger: AdmissionLedger, store: CaptureStore) -> Admissions:
+    """The ledger's admissions; without a ledger (a store from an older agent), the stored captures'
+    start times stand in: each one was admitted, and charged the budget and its GPU's cooldown."""
+    if ledger.exists():
+        return ledger.load()
+    admissions = Admissions()
+    for record in sorted(store.list(), key=lambda r: r.start):
+        admissions.started.append(record.start)
+        admissions.last_on_gpu[record.gpu] = record.start
+    return admissions

@@ -19,11 +19,14 @@ Checks, in this order (the first that fails is the reason):
 
 ``admit`` checks and, when allowed, takes the node's slot and charges the budget and the cooldown;
 ``release`` gives the slot back when the capture is over. Pure logic with an injectable monotonic
-clock; thread-safe (the capture worker and the control API may ask concurrently).
+clock; thread-safe (the capture worker and the control API may ask concurrently). With a ledger,
+the budget and the cooldowns are written down at each change and restored at start, so a restart
+does not hand out a fresh budget.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -33,8 +36,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuscope.capture.config import CaptureConfig
+from gpuscope.capture.ledger import AdmissionLedger, Admissions
 from gpuscope.capture.model import Trigger
 from gpuscope.common.durations import format_duration
+
+log = logging.getLogger(__name__)
 
 BUDGET_WINDOW_SECONDS = 3600.0
 # disabled, rule, duration, busy, cooldown, budget: why a capture was refused; None when allowed.
@@ -62,14 +68,41 @@ class _InFlight:
 
 
 class CapturePolicy:
-    def __init__(self, config: CaptureConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: CaptureConfig, *, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time, ledger: AdmissionLedger | None = None,
+                 restored: Admissions | None = None) -> None:
         self._config = config
         self._clock = clock
+        self._wall_clock = wall_clock
+        self._ledger = ledger
         self._lock = threading.Lock()
         self._in_flight: _InFlight | None = None
         self._started: deque[float] = deque()  # admission times inside the budget window
         self._last_on_gpu: dict[int | None, float] = {}  # gpu -> last admission time
         self._next_ticket = 1
+        if restored is not None:
+            self._restore(restored)
+
+    def _restore(self, admissions: Admissions) -> None:
+        """Admissions of an earlier run (wall clock) as this run's monotonic times. A time in the future
+        (the clock was set back) counts as now: it still charges the budget, never more than that."""
+        now, wall = self._clock(), self._wall_clock()
+        for at in sorted(admissions.started):
+            if wall - at < BUDGET_WINDOW_SECONDS:
+                self._started.append(now - max(0.0, wall - at))
+        for gpu, at in admissions.last_on_gpu.items():
+            self._last_on_gpu[gpu] = now - max(0.0, wall - at)
+        if admissions.started or admissions.last_on_gpu:
+            log.info("capture budget restored: %d of %d used in the last hour; cooldowns of %d GPU(s)",
+                     len(self._started), self._config.hourly_budget, len(self._last_on_gpu))
+
+    def _persist(self) -> None:
+        """Write the budget and cooldowns down (lock held)."""
+        if self._ledger is None:
+            return
+        now, wall = self._clock(), self._wall_clock()
+        self._ledger.save([wall - (now - t) for t in self._started],
+                          {gpu: wall - (now - t) for gpu, t in self._last_on_gpu.items()})
 
     # -- deciding ------------------------------------------------------------------------------------
 
@@ -91,6 +124,7 @@ class CapturePolicy:
             self._in_flight = _InFlight(ticket, trigger, gpu, now, self._last_on_gpu.get(gpu))
             self._started.append(now)
             self._last_on_gpu[gpu] = now
+            self._persist()
             return Decision(True, "", None, decision.duration_s, ticket)
 
     def release(self, decision: Decision, *, refund: bool = False) -> None:
@@ -110,6 +144,7 @@ class CapturePolicy:
                         del self._last_on_gpu[flight.gpu]
                     else:
                         self._last_on_gpu[flight.gpu] = flight.previous_on_gpu
+                self._persist()
 
     def _decide(self, trigger: Trigger, gpu: int | None, duration_s: float | None, now: float) -> Decision:
         config = self._config

@@ -39,6 +39,7 @@ from gpuscope.capture.store import (
     new_capture_id,
 )
 from gpuscope.capture.targets import TargetResolver
+from gpuscope.common.memory import release_free_memory
 from gpuscope.health import SourceHealth
 from gpuscope.snapshot import GpuReading, SnapshotSource
 from gpuscope.threads import start_thread
@@ -134,6 +135,9 @@ class CaptureService:
     def last_capture_timestamp(self) -> float | None:
         return self._store.last_start()
 
+    def budget_remaining(self) -> int | None:
+        return self._policy.budget_left()
+
     # ------------------------------------------------------------ the worker
 
     def _run(self) -> None:
@@ -155,6 +159,7 @@ class CaptureService:
             if self._health is not None:
                 self._health.record("captures", success=healthy,
                                     duration_seconds=time.perf_counter() - started)
+            release_free_memory()  # a trace of up to capture.max_trace_bytes was held three times over
             future.set_result(record)
 
     def _capture(self, request: CaptureRequest) -> CaptureRecord:
@@ -170,7 +175,17 @@ class CaptureService:
             return self._not_taken(request, decision, gpu, pids,
                                    error="no profiling endpoint found for the processes on this GPU "
                                          "(see docs/capture.md: make the job capturable)")
-        staging = self._store.begin(gpu=gpu, pid=request.pid)
+        refund = False  # the agent's own disk failed: the capture is not charged to the budget
+        try:
+            staging = self._store.begin(gpu=gpu, pid=request.pid)
+        except CaptureStoreError as err:
+            self._policy.release(decision, refund=True)
+            self._store_failed = True
+            record = self._record(request, "failed", gpu=gpu, pids=pids, duration_s=decision.duration_s,
+                                  error=str(err))
+            self._count(request.trigger.kind, record.outcome)
+            log.warning("capture not taken (GPU %s): %s", gpu, err)
+            return record
         try:
             if request.start_at is not None:  # fleet: start with the other nodes
                 time.sleep(max(0.0, min(request.start_at - self._wall_clock(), 60.0)))
@@ -181,19 +196,25 @@ class CaptureService:
                                   capture_id=staging.id,
                                   error="; ".join(o.error for o in outcomes if o.error) or None)
             try:
+                if staging.agent_failure is not None:  # a backend's write was stopped or failed
+                    raise staging.agent_failure
                 record = self._store.commit(staging, record)
-            except CaptureQuotaError as err:
+            except CaptureQuotaError as err:  # the trace alone exceeds the quota: the operator's limit
+                self._store.abort(staging)
                 record = self._record(request, "refused", gpu=gpu, pids=pids, targets=outcomes,
                                       start=start, duration_s=decision.duration_s, error=str(err))
-            except CaptureStoreError as err:
-                self._store_failed = True
+            except CaptureStoreError as err:  # no space, an I/O error: the agent's side failed
+                self._store.abort(staging)
+                self._store_failed = refund = True
                 record = self._record(request, "failed", gpu=gpu, pids=pids, targets=outcomes,
-                                      start=start, duration_s=decision.duration_s, error=str(err))
+                                      start=start, duration_s=decision.duration_s,
+                                      error=f"the agent could not store it (not counted against the "
+                                            f"hourly budget): {err}")
         except BaseException:
             self._store.abort(staging)
             raise
         finally:
-            self._policy.release(decision)
+            self._policy.release(decision, refund=refund)
         self._count(request.trigger.kind, record.outcome)
         log.info("capture %s: %s (GPU %s, %s)", record.id, record.outcome, gpu,
                  ", ".join(o.target.describe() for o in record.targets))
@@ -203,8 +224,11 @@ class CaptureService:
         backend = self._backends.get(target.kind)
         if backend is None:
             return TargetOutcome(target, "failed", error=f"no {target.kind} backend in this agent")
-        result: BackendResult = backend.capture(target, decision.duration_s, staging,
-                                                deadline_s=decision.duration_s + self._margin)
+        try:
+            result: BackendResult = backend.capture(target, decision.duration_s, staging,
+                                                    deadline_s=decision.duration_s + self._margin)
+        except CaptureStoreError as err:  # the staging area stopped a write (noted on it, too)
+            return TargetOutcome(target, "failed", error=str(err))
         return TargetOutcome(target, result.outcome, result.files, result.error)
 
     def _gpu(self, request: CaptureRequest) -> GpuReading | None:

@@ -25,6 +25,13 @@ listed or deleted through the store.
 Quota: sizes are apparent file sizes (what a download streams). Before a capture is published, the
 oldest captures (by start time) are evicted until it fits; a capture larger than the whole quota is
 refused (CaptureQuotaError) and nothing is evicted for it.
+
+Room while writing: a backend writes through the staging area's files, which claim every chunk
+before it is written. A capture may never hold more than the quota (CaptureQuotaError at the chunk
+that would pass it: nothing more reaches the disk), and the store's file system keeps
+``min_free_bytes`` free: a chunk that would eat into it first evicts the oldest captures, and when
+none is left, the capture stops (CaptureDiskError). Both, and any write error of the agent's own
+disk, are noted on the staging area (``agent_failure``): the capture failed on the agent's side.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, BinaryIO, cast
 
 from gpuscope.capture.model import CaptureError, CaptureRecord, Outcome
 from gpuscope.capture.records import (
@@ -66,6 +74,7 @@ from gpuscope.common.unixfs import (
 )
 
 __all__ = [
+    "CaptureDiskError",
     "CaptureIdError",
     "CaptureNotFoundError",
     "CaptureQuotaError",
@@ -96,6 +105,51 @@ class CaptureQuotaError(CaptureStoreError):
     """The capture does not fit in the store's quota even with every other capture evicted."""
 
 
+class CaptureDiskError(CaptureStoreError):
+    """The store's file system cannot take the capture and keep min_free_bytes free, even with every
+    other capture evicted (or a write failed: no space, an I/O error)."""
+
+
+def file_system_free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on ``path``'s file system."""
+    info = os.statvfs(path)
+    return info.f_bavail * info.f_frsize
+
+
+class _ClaimingWriter:
+    """A staging file's writer: each chunk is claimed from the store before it is written, and a
+    write error is noted on the staging area (the agent's own disk failed, not the target)."""
+
+    def __init__(self, inner: BinaryIO, staging: Staging) -> None:
+        self._inner = inner
+        self._staging = staging
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        size = memoryview(data).nbytes
+        self._staging.claim(size)
+        try:
+            return self._inner.write(data)
+        except OSError as err:
+            raise self._staging.failed(CaptureDiskError(
+                f"cannot write to the capture store: {err.strerror or err}")) from err
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def fileno(self) -> int:
+        return self._inner.fileno()
+
+    def close(self) -> None:
+        self._inner.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._inner.closed
+
+    def __getattr__(self, name: str) -> Any:  # what gzip.GzipFile or a caller may ask of a file
+        return getattr(self._inner, name)
+
+
 @dataclass(frozen=True, slots=True)
 class StoredFile:
     """One file of a capture: its path relative to the capture directory, where it is, its size."""
@@ -108,13 +162,33 @@ class StoredFile:
 class Staging:
     """A capture in progress: a private directory the backends write into, until commit or abort."""
 
-    __slots__ = ("_store", "begun", "id", "path")
+    __slots__ = ("_store", "agent_failure", "begun", "claimed", "id", "path")
 
     def __init__(self, store: CaptureStore, capture_id: str, path: Path, begun: float) -> None:
         self._store = store
         self.id = capture_id
         self.path = path
         self.begun = begun  # wall clock (Unix seconds) at begin()
+        self.claimed = 0  # bytes the backends wrote (or are writing) into this capture
+        # Why the capture failed on the agent's side (quota, disk), if it did: the service then
+        # reports it as the agent's failure, not the target's, and charges no budget for it.
+        self.agent_failure: CaptureStoreError | None = None
+
+    def claim(self, size: int) -> None:
+        """Make room for ``size`` more bytes of this capture, before they are written (evicting the
+        oldest captures if the file system's min_free_bytes needs it); CaptureQuotaError or
+        CaptureDiskError (both noted in ``agent_failure``) when there is none."""
+        try:
+            self._store._claim(self, size)
+        except CaptureStoreError as err:
+            raise self.failed(err) from None
+        self.claimed += size
+
+    def failed(self, error: CaptureStoreError) -> CaptureStoreError:
+        """Note ``error`` as the agent's side of a failed capture (the first one is kept); returns it."""
+        if self.agent_failure is None:
+            self.agent_failure = error
+        return error
 
     @property
     def run(self) -> str:
@@ -128,7 +202,13 @@ class Staging:
         for part in (*folders, stem + suffix):
             if not part or part != safe_file_name(part, limit=255, default=""):
                 raise CaptureStoreError(f"{part!r} is not a plain file or folder name")
-        return NewFile(self.path.joinpath(*folders), stem, suffix, relative_to=self.path)
+        try:
+            new = NewFile(self.path.joinpath(*folders), stem, suffix, relative_to=self.path)
+        except OSError as err:
+            raise self.failed(CaptureDiskError(f"cannot create a file in the capture store: "
+                                               f"{err.strerror or err}")) from err
+        new.file = cast(BinaryIO, _ClaimingWriter(new.file, self))
+        return new
 
     def __repr__(self) -> str:
         return f"Staging({self.id!r})"
@@ -143,11 +223,15 @@ class _Entry:
 class CaptureStore:
     """Complete captures under ``root``; thread-safe. One agent process owns a root at a time (flock)."""
 
-    def __init__(self, root: Path, *, quota_bytes: int, clock: Callable[[], float] = time.time,
-                 token: Callable[[], str] = lambda: secrets.token_hex(3)) -> None:
+    def __init__(self, root: Path, *, quota_bytes: int, min_free_bytes: int = 0,
+                 clock: Callable[[], float] = time.time,
+                 token: Callable[[], str] = lambda: secrets.token_hex(3),
+                 free_bytes: Callable[[Path], int] = file_system_free_bytes) -> None:
         if quota_bytes <= 0:
             raise ValueError(f"quota_bytes must be positive, got {quota_bytes}")
         self.quota_bytes = quota_bytes
+        self.min_free_bytes = min_free_bytes
+        self._free_bytes = free_bytes
         self._clock = clock
         self._token = token
         self._lock = threading.RLock()
@@ -234,6 +318,10 @@ class CaptureStore:
             except (CaptureStoreError, CaptureRecordError, OSError) as err:
                 log.warning("removing %s from the capture store: %s", path, err)
                 self._delete_dir(path)
+        try:
+            self._keep_free(0)  # the file system filled up while the agent was away
+        except CaptureDiskError as err:
+            log.warning("%s", err)
 
     def _load(self, capture_id: str, path: Path) -> _Entry:
         files, disk_bytes = _scan(path)
@@ -312,6 +400,8 @@ class CaptureStore:
                 f"capture {record.id} is {format_size(size)}, larger than the whole store quota of "
                 f"{format_size(self.quota_bytes)} (capture.store.quota_bytes); it was not stored and no "
                 "other capture was evicted")
+        with self._lock:
+            self._keep_free(len(payload))
         try:
             for f in data:
                 fsync_path(f.path, directory=False)
@@ -332,6 +422,44 @@ class CaptureStore:
                 raise CaptureStoreError(f"cannot publish capture {record.id}: {err.strerror or err}") from err
             self._index[staging.id] = _Entry(final, size)
         return final
+
+    def _claim(self, staging: Staging, size: int) -> None:
+        """Room for ``size`` more bytes of ``staging`` within the quota and the file system's
+        min_free_bytes (see the module's docstring)."""
+        with self._lock:
+            self._check_open()
+            if staging.claimed + size > self.quota_bytes:
+                raise CaptureQuotaError(
+                    f"capture {staging.id} would be larger than the whole store quota of "
+                    f"{format_size(self.quota_bytes)} (capture.store.quota_bytes): it was stopped at "
+                    f"{format_size(staging.claimed)}, and no other capture was evicted")
+            self._keep_free(size)
+
+    def _keep_free(self, size: int) -> None:
+        """Evict the oldest captures until ``size`` more bytes leave min_free_bytes free on the file
+        system (lock held); CaptureDiskError when even evicting all of them would not."""
+        free = self._measure_free()
+        if free - size >= self.min_free_bytes:
+            return
+        for entry in sorted(self._index.values(), key=lambda e: (e.record.start, e.record.id)):
+            log.info("evicting capture %s (%s) to keep %s free on the capture store's file system "
+                     "(capture.store.min_free_bytes)", entry.record.id, format_size(entry.disk_bytes),
+                     format_size(self.min_free_bytes))
+            self._delete(entry.record.id)
+            free = self._measure_free()
+            if free - size >= self.min_free_bytes:
+                return
+        raise CaptureDiskError(
+            f"the capture store's file system has {format_size(max(0, free))} free: {format_size(size)} more "
+            f"would leave less than capture.store.min_free_bytes ({format_size(self.min_free_bytes)}), and "
+            "no older capture is left to evict")
+
+    def _measure_free(self) -> int:
+        try:
+            return self._free_bytes(self.root)
+        except OSError as err:
+            raise CaptureDiskError(f"cannot measure the free space of {self.root}: {err.strerror or err}"
+                                   ) from err
 
     def _make_room(self, size: int) -> None:
         """Evict the oldest captures until ``size`` more bytes fit in the quota (lock held)."""

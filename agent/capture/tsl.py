@@ -21,6 +21,7 @@ import time
 
 import grpc
 
+from gpuscope.capture.config import DEFAULT_MAX_TRACE_BYTES
 from gpuscope.capture.model import (
     BackendResult,
     CaptureTarget,
@@ -30,10 +31,12 @@ from gpuscope.capture.model import (
     request_problem,
 )
 from gpuscope.common.addresses import AddressError, HostPort, parse_host_port
+from gpuscope.common.sizes import format_size
 from gpuscope.common.unixfs import safe_file_name
 from gpuscope.generated.tsl import profiler_options_pb2, profiler_service_pb2, views_pb2
 
 PROFILE_METHOD = "/tensorflow.ProfilerService/Profile"
+RESPONSE_OVERHEAD_BYTES = 1 << 20  # a response's fields besides the trace (tool names, errors)
 XPLANE_SUFFIX = ".xplane.pb"
 TORCH_TRACE_SUFFIX = ".pt.trace.json.gz"  # what gpuscope.workload.serve returns in tool_data
 PROFILE_DIR = ("plugins", "profile")  # under a TensorBoard logdir
@@ -69,7 +72,9 @@ class TslProfilerBackend:
     kind: TargetKind = "tsl"
 
     def __init__(self, *, python_tracer_level: int = 0, host_tracer_level: int = 2,
-                 device_tracer_level: int = 1, repository_root: str = DEFAULT_REPOSITORY_ROOT) -> None:
+                 device_tracer_level: int = 1, repository_root: str = DEFAULT_REPOSITORY_ROOT,
+                 max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES) -> None:
+        self.max_trace_bytes = max_trace_bytes
         self.python_tracer_level = python_tracer_level
         self.host_tracer_level = host_tracer_level
         self.device_tracer_level = device_tracer_level
@@ -110,13 +115,24 @@ class TslProfilerBackend:
         try:
             response = self._profile(address, self.request(address, duration_ms, run), deadline_s)
         except grpc.RpcError as err:
+            if _code(err) == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in _details(err):
+                return self._too_large(_details(err))
             return _rpc_error(err, deadline_s, time.monotonic() - started)
         return self._store(response, address, target, staging)
+
+    def _too_large(self, detail: str) -> BackendResult:
+        limit = format_size(self.max_trace_bytes)
+        return BackendResult("failed", error=clip_error(
+            f"the target's trace is larger than capture.max_trace_bytes ({limit}); it was refused as it "
+            f"started to arrive ({detail}). Capture for less time, or raise the limit (the agent holds "
+            "about 3.6x it in memory while a trace arrives)"))
 
     def _profile(self, address: HostPort, request: profiler_service_pb2.ProfileRequest,
                  deadline_s: float) -> views_pb2.ProfileResponseView:
         options = [
-            ("grpc.max_receive_message_length", -1),  # a 10 s capture exceeds the 4 MiB default
+            # gRPC refuses a larger response from its length prefix, before buffering it: the target
+            # cannot make the agent hold more than this (the trace, and the response's other fields).
+            ("grpc.max_receive_message_length", self.max_trace_bytes + RESPONSE_OVERHEAD_BYTES),
             ("grpc.enable_http_proxy", 0),  # the job is on this node or in its pod network
         ]
         with grpc.insecure_channel(str(address), options=options) as channel:
@@ -142,6 +158,8 @@ class TslProfilerBackend:
             return BackendResult("captured", files=(relative,))
         if not data:  # a server without emit_xspace support may return the file as tool data
             data = next((tool.data for tool in response.tool_data if tool.name.endswith("xplane.pb")), b"")
+        if len(data) > self.max_trace_bytes:
+            return self._too_large(f"{len(data)} bytes")
         if not data and not response.HasField("xspace"):
             return BackendResult("failed", error="the server returned no trace (without emit_xspace "
                                                   f"support it writes it under {self.repository_root} "
@@ -157,10 +175,18 @@ class TslProfilerBackend:
                              error=clip_error("profiler reported: " + "; ".join(errors)) if errors else None)
 
 
-def _rpc_error(err: grpc.RpcError, deadline_s: float, elapsed_s: float) -> BackendResult:
+def _code(err: grpc.RpcError) -> grpc.StatusCode:
     # The errors that calls raise are also grpc.Call objects (code, details); the stubs cannot say so.
-    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
-    details = (err.details() if hasattr(err, "details") else None) or str(err)
+    return err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+
+
+def _details(err: grpc.RpcError) -> str:
+    return (err.details() if hasattr(err, "details") else None) or str(err)
+
+
+def _rpc_error(err: grpc.RpcError, deadline_s: float, elapsed_s: float) -> BackendResult:
+    code = _code(err)
+    details = _details(err)
     if any(text in details.lower() for text in _BUSY_MESSAGES) or code in _BUSY_CODES:
         return BackendResult("busy", error=clip_error(details))
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:

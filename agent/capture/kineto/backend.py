@@ -18,6 +18,7 @@ import stat
 import time
 from pathlib import Path
 
+from gpuscope.capture.config import DEFAULT_MAX_TRACE_BYTES
 from gpuscope.capture.kineto.daemon import KinetoDaemon, PendingTrace
 from gpuscope.capture.kineto.errors import KinetoBusyError, KinetoUnreachableError
 from gpuscope.capture.model import (
@@ -28,11 +29,11 @@ from gpuscope.capture.model import (
     clip_error,
     request_problem,
 )
+from gpuscope.common.sizes import format_size
 from gpuscope.common.unixfs import safe_file_name
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 GZIP_LEVEL = 3  # JSON traces: about 11x at over 250 MB/s (level 6: 13x at about 110 MB/s)
-DEFAULT_MAX_TRACE_BYTES = 2 << 30
 # An event of any category but the profiler's own "Trace" span: the trace recorded something.
 _EVENT = re.compile(rb'"cat"\s*:\s*"(?!Trace")')
 _TRACE_EVENTS = re.compile(rb'"traceEvents"\s*:')
@@ -132,14 +133,18 @@ class KinetoBackend:
             if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
                 return BackendResult("failed", error=f"{source.name} is not a plain file")
             if st.st_size > self.max_trace_bytes:
-                return BackendResult("failed", error=f"the trace is {st.st_size} bytes, over the limit of "
-                                                     f"{self.max_trace_bytes}")
+                limit = format_size(self.max_trace_bytes)
+                return BackendResult("failed", error=f"the trace is {format_size(st.st_size)}, larger than "
+                                                     f"capture.max_trace_bytes ({limit}); it was not read. "
+                                                     "Capture for less time, or raise the limit")
             stem = f"{safe_file_name(self.hostname, limit=64)}_{pid}.{round(started_wall * 1000)}"
             with staging.new_file(stem, TRACE_SUFFIX) as new:
                 scan = _TraceScan()
+                left = st.st_size  # no more than the size checked above, should the job append to it
                 with gzip.GzipFile(filename="", mode="wb", fileobj=new.file, mtime=int(started_wall),
                                    compresslevel=GZIP_LEVEL) as out:
-                    while chunk := src.read(_CHUNK):
+                    while left > 0 and (chunk := src.read(min(_CHUNK, left))):
+                        left -= len(chunk)
                         if time.monotonic() > deadline:
                             return BackendResult("failed", error=f"the deadline passed while storing the "
                                                                  f"trace ({st.st_size} bytes)")
