@@ -66,7 +66,8 @@ class Agent:
 
     def _build(self, settings: Settings) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(self.sampler, include_cmdline=settings.processes.cmdline))
+        self.registry.register(SnapshotCollector(self.sampler, include_cmdline=settings.processes.cmdline,
+                                                 include_processes=settings.processes.export))
         self.registry.register(SourceHealthCollector(self.health))
         self.systemd = SystemdNotifier()
         self.sampler.add_listener(self.systemd.on_snapshot)
@@ -109,7 +110,7 @@ class Agent:
                                     alerts=self.alerts, webhook=self.webhook,
                                     expected_gpus=settings.nvml.expected_gpus, health=self.health,
                                     max_requests=settings.web.max_requests, web_config=self.web_config,
-                                    webhook_auth=webhook_auth)
+                                    webhook_auth=webhook_auth, include_processes=settings.processes.export)
         self.registry.register(WebCollector(self.http.rejections, self.web_config))
         self._stopped = False
 

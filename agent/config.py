@@ -48,6 +48,12 @@ class WebConfig(Section):
 
 class ProcessesConfig(Section):
     cmdline: bool = Field(False, description="Export full command lines (may contain secrets).")
+    user: bool = Field(True, description="Look up each GPU process's user name (the `user` label); false "
+                                         "leaves it empty and never reads it.")
+    export: bool = Field(True, description=(
+        "Export one series per GPU process (gpu_process_*: pid, name, user, container) and list the "
+        "processes in /api/v1/snapshot; false keeps the per-GPU series only. Alerts and captures still "
+        "see the processes."))
 
 
 class IdleDipsConfig(Section):

@@ -41,7 +41,8 @@ class NodeSampling:
             raise
         self.sampler = Sampler(
             Nvml(),
-            ProcessInspector(include_cmdline=settings.processes.cmdline),
+            ProcessInspector(include_cmdline=settings.processes.cmdline,
+                             include_user=settings.processes.user),
             interval_seconds=settings.sample_interval,
             idle_dip_threshold=settings.idle_dips.threshold,
             idle_dip_max_seconds=settings.idle_dips.max_duration,

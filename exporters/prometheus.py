@@ -120,12 +120,15 @@ class SnapshotCollector(Collector):
     are exported. While the snapshot is stale (the sampler stuck as a whole) only the agent's own
     ``gpuscope_*`` families are: frozen ``gpu_*`` values would look current, absent ones let Prometheus
     mark the series stale. ``include_cmdline`` adds a ``cmdline`` label to the per-process series (off
-    by default: command lines can hold secrets and are high-cardinality).
+    by default: command lines can hold secrets and are high-cardinality); ``include_processes`` False
+    leaves the per-process series out altogether (``processes.export``).
     """
 
-    def __init__(self, source: SnapshotSource, *, include_cmdline: bool = False) -> None:
+    def __init__(self, source: SnapshotSource, *, include_cmdline: bool = False,
+                 include_processes: bool = True) -> None:
         self._source = source
         self._include_cmdline = include_cmdline
+        self._include_processes = include_processes
         self._process_labels: tuple[str, ...] = (
             (*PROCESS_LABELS, "cmdline") if include_cmdline else PROCESS_LABELS
         )
@@ -145,7 +148,8 @@ class SnapshotCollector(Collector):
         families.extend(_agent_families(snapshot))
         if not self._source.snapshot_is_stale():
             families.extend(_gpu_families(snapshot))
-            families.extend(self._process_families(snapshot.gpus))
+            if self._include_processes:
+                families.extend(self._process_families(snapshot.gpus))
         return [family for family in families if family.samples]
 
     def _process_families(self, gpus: Iterable[GpuReading]) -> list[Metric]:

@@ -355,6 +355,16 @@ def test_cmdline_label_only_when_opted_in() -> None:
     ]
 
 
+def test_per_process_series_left_out_when_not_exported() -> None:
+    snapshot = make_snapshot(gpus=[make_gpu(0, processes=(make_process(1),))])
+    source = FakeSource(snapshot)
+    names = {_exposed_name(f) for f in SnapshotCollector(source, include_processes=False).collect()}
+    assert names and not any(name.startswith("gpu_process_") for name in names)
+    assert "gpu_utilization_ratio" in names
+    everything = {_exposed_name(f) for f in SnapshotCollector(source).collect()}
+    assert any(name.startswith("gpu_process_") for name in everything)
+
+
 def test_cmdline_is_truncated() -> None:
     process = make_process(1, cmdline=("python3", "-c", "x" * 1000))
     snapshot = make_snapshot(gpus=[make_gpu(0, processes=(process,))])

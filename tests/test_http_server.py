@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -326,6 +327,22 @@ def test_snapshot_json(agent: Agent) -> None:
     assert data == json.loads(json.dumps(snapshot.to_json()))
     assert data["gpus"][0]["xid_errors"] == {"13": 2, "79": 1}
     assert data["gpus"][0]["clock_event_reasons"] == ["hw_slowdown", "sw_power_cap"]
+
+
+def test_snapshot_json_without_processes_when_not_exported() -> None:
+    snapshot = make_full_snapshot()
+    assert any(gpu.processes for gpu in snapshot.gpus)
+    server = AgentHttpServer("127.0.0.1:0", registry=CollectorRegistry(),
+                             source=FakeSource(snapshot=snapshot), include_processes=False)
+    server.start()
+    try:
+        host, port = server.bound_address
+        with urllib.request.urlopen(f"http://{host}:{port}/api/v1/snapshot", timeout=10) as response:
+            data = json.loads(response.read())
+    finally:
+        server.stop()
+    assert [gpu["processes"] for gpu in data["gpus"]] == [[] for _ in snapshot.gpus]
+    assert data["gpus"][0]["uuid"] == snapshot.gpus[0].uuid
 
 
 def test_snapshot_json_before_first_snapshot(agent: Agent) -> None:

@@ -394,6 +394,13 @@ def test_cmdline_not_even_read_unless_opted_in() -> None:
         assert inspector.describe(os.getpid()).user == "alice"
 
 
+def test_user_names_not_even_read_when_turned_off() -> None:
+    factory = CountingFactory(username=AssertionError("the user name must not be read"))
+    with fake_inspector(factory, include_user=False) as inspector:
+        info = inspector.describe(os.getpid())
+    assert (info.visible, info.name, info.user) == (True, "fake", None)
+
+
 def test_process_vanishing_mid_read_is_invisible_and_not_cached() -> None:
     factory = CountingFactory(username=psutil.NoSuchProcess(os.getpid()))
     with fake_inspector(factory) as inspector:

@@ -95,6 +95,7 @@ class ProcessInspector:
         *,
         procfs: Path = Path("/proc"),
         include_cmdline: bool = False,
+        include_user: bool = True,
         host_pid_namespace: bool | None = None,
         process_factory: Callable[[int], psutil.Process] = psutil.Process,
         pidfd_open: Callable[[int], int] | None = _PIDFD_OPEN,
@@ -102,6 +103,7 @@ class ProcessInspector:
         self._procfs = str(procfs)
         self._procfs_path = procfs
         self._include_cmdline = include_cmdline
+        self._include_user = include_user
         self._host_pid_namespace = (
             in_host_pid_namespace(procfs) if host_pid_namespace is None else host_pid_namespace
         )
@@ -187,7 +189,7 @@ class ProcessInspector:
             process = self._process_factory(pid)
             with process.oneshot():
                 name = self._field(pid, start_ticks, "name", process.name)
-                user = self._field(pid, start_ticks, "user", process.username)
+                user = self._field(pid, start_ticks, "user", process.username) if self._include_user else None
                 cmdline = (
                     self._field(pid, start_ticks, "cmdline", lambda: tuple(process.cmdline()))
                     if self._include_cmdline

@@ -61,10 +61,12 @@ class AgentApp:
     def __init__(self, registry: CollectorRegistry, source: SnapshotSource, clock: Callable[[], float],
                  alerts: AlertSource | None = None, webhook: WebhookHandler | None = None, *,
                  webhook_auth: WebhookAuth | None = None, expected_gpus: int | None = None,
-                 health: SourceHealth | None = None, rejections: Rejections | None = None):
+                 health: SourceHealth | None = None, rejections: Rejections | None = None,
+                 include_processes: bool = True):
         if webhook is not None and webhook_auth is None:
             raise ValueError("the webhook needs its credentials (webhook_auth)")
         self._webhook_auth = webhook_auth
+        self._include_processes = include_processes
         self._rejections = rejections if rejections is not None else Rejections()
         self._expected_gpus = expected_gpus
         self._health = health
@@ -188,7 +190,11 @@ class AgentApp:
         if snapshot is None:
             body = json.dumps({"error": "no snapshot yet: the first sampling tick has not finished"})
             return "503 Service Unavailable", [("Content-Type", _JSON)], body.encode()
-        return "200 OK", [("Content-Type", _JSON)], json.dumps(snapshot.to_json()).encode()
+        document = snapshot.to_json()
+        if not self._include_processes:  # processes.export: false
+            for gpu in document["gpus"]:
+                gpu["processes"] = []
+        return "200 OK", [("Content-Type", _JSON)], json.dumps(document).encode()
 
     def _alerts_json(self, environ: WSGIEnvironment) -> _Response:
         alerts = [] if self._alerts is None else [alert.to_json() for alert in self._alerts.alerts()]

@@ -293,6 +293,7 @@ class AgentHttpServer:
         max_requests: int = DEFAULT_MAX_REQUESTS,
         web_config: WebConfigWatcher | None = None,
         webhook_auth: WebhookAuth | None = None,
+        include_processes: bool = True,
     ) -> None:
         self._max_requests = max_requests
         self._address = listen_address
@@ -301,7 +302,8 @@ class AgentHttpServer:
         self.web_config = web_config if web_config is not None else WebConfigWatcher(None)
         self.rejections = Rejections()
         app = AgentApp(registry, source, clock, alerts, webhook, webhook_auth=webhook_auth,
-                       expected_gpus=expected_gpus, health=health, rejections=self.rejections)
+                       expected_gpus=expected_gpus, health=health, rejections=self.rejections,
+                       include_processes=include_processes)
         webhook_on = webhook is not None  # it checks its own credentials
         self._app = AccessControl(app, self.web_config.current, rejections=self.rejections,
                                   skip_auth=lambda path: webhook_on and path == WEBHOOK_PATH)
