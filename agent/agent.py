@@ -147,7 +147,10 @@ class Agent:
         gc.collect()
         gc.freeze()
         self.systemd.ready(f"serving on port {port}")
-        log.info("gpuscope serving on %s (port %d), sampling every %gs%s", host, port,
+        security = self.web_config.current()
+        scheme = "https" if security.tls else "http"
+        users = f", basic auth ({len(security.users.users())} users)" if security.users.enabled else ""
+        log.info("gpuscope serving %s on %s (port %d%s), sampling every %gs%s", scheme, host, port, users,
                  self.settings.sample_interval,
                  f", simulating {self.settings.simulate!r}" if self.settings.simulate else "")
 
