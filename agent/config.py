@@ -142,16 +142,29 @@ def read_yaml(path: Path) -> dict[str, Any]:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         raise ConfigError(str(path), [f"{where}not valid YAML: {getattr(err, 'problem', err)}"]) from err
+    except RecursionError:  # the parser recurses once per nesting level: "[[[[..." exhausts the stack
+        raise ConfigError(str(path), ["not valid YAML: nested too deeply for a configuration"]) from None
+    except ValueError as err:  # a constructor's refusal, e.g. an integer of more than 4300 digits
+        raise ConfigError(str(path), [f"not valid YAML: a value cannot be read ({err})"]) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(str(path), [f"the top level must be a mapping of keys, not {type(data).__name__}"])
+    # The settings take the top-level keys as keyword arguments: one that is not a string ("1: x",
+    # "~: x", "2024-01-01: x") would end in a TypeError.
+    odd = [key for key in data if not isinstance(key, str)]
+    if odd:
+        raise ConfigError(str(path), [f"{odd[0]!r}: a key must be a name, not {type(odd[0]).__name__}"])
     return data
 
 
 def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
     """Build the settings from the file (optional), GPUSCOPE_* variables and flag overrides."""
     file_values = read_yaml(path) if path is not None else {}
+    # The settings library matches top-level keys without regard to case, as it matches the variables:
+    # "SAMPLE_INTERVAL" was taken, and of "web" and "WEB" one silently dropped. Refused, as nested keys are.
+    unknown = [f"{key}: unknown key" for key in file_values if key not in Settings.model_fields]
+    file_values = {key: value for key, value in file_values.items() if key in Settings.model_fields}
     source = str(path) if path is not None else "environment/flags"
     problems = environment_problems(Settings, os.environ)
     if problems:
@@ -167,7 +180,9 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
     try:
         settings = Settings.model_validate(merged)
     except ValidationError as err:
-        raise ConfigError(source, format_errors(err)) from err
+        raise ConfigError(source, unknown + format_errors(err)) from err
+    if unknown:
+        raise ConfigError(source, unknown)
     problems = _cross_field_problems(settings)
     if problems:
         raise ConfigError(source, problems)

@@ -24,11 +24,13 @@ DELIMITER = "__"
 def environment_problems(settings_model: type[BaseModel], environ: Mapping[str, str]) -> list[str]:
     """"VARIABLE: reason" for each ``GPUSCOPE_*`` variable that names no setting or holds malformed
     JSON where a section or a list is expected."""
-    names = dict(_variables(settings_model))
+    # Compared as the settings library compares them, in lower case: with upper() a variable such as
+    # GPUSCOPE_\u017fAMPLE_INTERVAL (a long s, upper-cased to S) passed here and was then silently ignored.
+    names = {name.lower(): expects_json for name, expects_json in _variables(settings_model)}
     problems = []
     for variable in sorted(environ):
-        name = variable.upper()
-        if not name.startswith(PREFIX):
+        name = variable.lower()
+        if not name.startswith(PREFIX.lower()):
             continue
         expects_json = names.get(name)
         if expects_json is None:
@@ -42,6 +44,8 @@ def environment_problems(settings_model: type[BaseModel], environ: Mapping[str, 
                 problems.append(f"{variable}: a section or a list is written as JSON here, e.g. "
                                 f"'[6009, 9012]' or '{{\"listen_address\": \":9847\"}}'; this is not "
                                 f"JSON: {err}")
+            except RecursionError:  # json.loads recurses once per level: "[[[[..." exhausts the stack
+                problems.append(f"{variable}: nested too deeply; a section or a list is a few levels of JSON")
     return problems
 
 

@@ -162,7 +162,12 @@ def negotiate(accept_header: str | None) -> tuple[Encoder, str]:
     with the same escaping scheme and version. A choice this module does not recognise (a newer
     prometheus_client, say) is served by prometheus_client's encoder itself.
     """
-    chosen, content_type = _text_exposition.choose_encoder(accept_header or "")
+    try:
+        chosen, content_type = _text_exposition.choose_encoder(accept_header or "")
+    except (TypeError, ValueError):
+        # prometheus_client compares the parts of a version it cannot read ("version=1.x") with numbers
+        # and raises TypeError: such an Accept header gets what no Accept header gets, not a 500.
+        chosen, content_type = _text_exposition.choose_encoder("")
     func: Any = chosen
     keywords: dict[str, Any] = {}
     if isinstance(chosen, functools.partial):

@@ -3,10 +3,25 @@ so they live for the whole session and every capture test reuses them)."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 from capturing import Workload, require_jax, start_jax, stop, wait_ready
+from hypothesis import HealthCheck, settings
+
+# Hypothesis (tests/test_fuzz_*.py, which keep no example database) caches what it learns of the code
+# and of Unicode in .hypothesis/ under the working directory: in the temporary directory instead.
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
+                      os.path.join(tempfile.gettempdir(), "gpuscope-hypothesis"))
+# The property-based tests' common settings (each file sets its number of examples): no example
+# database (every run starts fresh, nothing is written next to the code), no deadline (these machines
+# are shared: a slow example is not a failure), and inputs as large and as filtered as they need.
+settings.register_profile("gpuscope", deadline=None, database=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+    HealthCheck.function_scoped_fixture])
+settings.load_profile("gpuscope")
 
 
 @pytest.fixture(scope="session")

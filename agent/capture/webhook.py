@@ -79,7 +79,8 @@ def _labels(value: Any, where: str) -> dict[str, str]:
 def _gpu_index(value: str | None, where: str) -> int | None:
     if value is None or value == "":
         return None
-    if not value.isdigit() or len(value) > 4:
+    # isascii too: isdigit() is also true of '²' or '٣', which int() refuses or reads as another digit.
+    if not (value.isascii() and value.isdigit()) or len(value) > 4:
         raise WebhookError(f"{where} must be a GPU index, got {value!r}")
     return int(value)
 

@@ -8,6 +8,7 @@ use (``resend_interval: 1e12``) is refused with its key path, never discovered l
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,6 +25,10 @@ from gpuscope.common.unixfs import MAX_UNIX_SOCKET_PATH_BYTES
 DURATION_CEILING_SECONDS = 366 * 86400.0
 SIZE_CEILING_BYTES = 2**50  # 1 PiB: more than any store or log the agent keeps
 _MAX_SHOWN_VALUE_CHARS = 80
+# How pydantic names a validator wrapping a union member in an error's location, e.g.
+# "function-after[_duration_in_range(), float]". Matched whole: a key someone wrote, such as
+# "function-x", is a key to show, not a wrapper to hide.
+_VALIDATOR_TAG = re.compile(r"(?:function-(?:after|before|wrap|plain)|lax-or-strict)\[.*\]", re.DOTALL)
 
 
 class ConfigError(Exception):
@@ -108,7 +113,7 @@ def key_path(loc: Sequence[int | str], *, hidden: Collection[str] = ()) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in hidden or part.startswith(("function-", "lax-or-strict")):
+        elif part in hidden or _VALIDATOR_TAG.fullmatch(part):
             continue  # a validator's or union's wrapper, not a key
         else:
             out += f".{part}" if out else part

@@ -14,7 +14,10 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as 1.5, '500ms' or '2m', got {value!r}")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond any float (YAML reads 1000 digits as one): not a duration
+            seconds = math.inf
     elif isinstance(value, str):
         text = value.strip()
         try:

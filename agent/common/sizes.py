@@ -19,7 +19,10 @@ def parse_size(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{_EXPECTED}, got {value!r}")
     if isinstance(value, (int, float)):
-        size = float(value)
+        try:
+            size = float(value)
+        except OverflowError:  # an int beyond any float (YAML reads 1000 digits as one): not a size
+            size = math.inf
     elif isinstance(value, str):
         match = _SIZE.match(value)
         if not match:

@@ -79,6 +79,9 @@ _POLL_S = 0.2  # how often a waiting Capture call checks for a stop or a vanishe
 DEFAULT_LIST_LIMIT = 100
 MAX_LIST_LIMIT = 10_000
 MAX_REASON_CHARS = 200
+# A capture id names the GPU in at most 4 digits (records.CAPTURE_ID): a larger index made even the record
+# of its refusal fail with CaptureIdError, a traceback instead of an answer.
+MAX_GPU_INDEX = 9999
 MAX_PEM_BYTES = 1 << 20  # a certificate chain, a key or a CA bundle
 # A Capture call without a deadline waits this long at most for its record (the capture goes on).
 DEFAULT_CAPTURE_WAIT_S = MAX_START_DELAY_S + MAX_DURATION_SECONDS + 120.0
@@ -201,8 +204,8 @@ class _Servicer:
             raise ValueError("name what to capture: gpu, pid or target")
         gpu = pid = target = None
         if selector == "gpu":
-            if request.gpu < 0:
-                raise ValueError(f"gpu must be a GPU index (0 or more), got {request.gpu}")
+            if not 0 <= request.gpu <= MAX_GPU_INDEX:
+                raise ValueError(f"gpu must be a GPU index (0 to {MAX_GPU_INDEX}), got {request.gpu}")
             gpu = request.gpu
         elif selector == "pid":
             if request.pid <= 0:
