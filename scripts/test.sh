@@ -1,24 +1,53 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh machine: installs what the tests need, then lint + pytest.
 # Usage: scripts/test.sh [pytest args...]
+#
+# System commands come from Debian's packages, each only where the command is missing: a real
+# Prometheus (with promtool) and Alertmanager for the end-to-end tests, systemd-analyze and kubectl
+# (kustomize) for tests/test_deploy.py, curl for a client-certificate request, Chromium for the status
+# page in a real browser. Each is found under Debian's or upstream's name (Alertmanager's binary is
+# `prometheus-alertmanager` in Debian, `alertmanager` upstream; Chromium's is `chromium` or
+# `chromium-browser`), so binaries installed from the projects' own releases are used as they are.
+# Debian's kubernetes-client is kubectl 1.20, enough for deploy/kubernetes (kept to kustomize 2's
+# fields); a newer kubectl already on the machine is used as it is.
+#
+# Installing packages needs root. As another user it uses `sudo -n` (never a password prompt); where
+# that is not allowed it prints the exact command to run as root and stops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# From Debian's packages, each only where its command is missing: real Prometheus (and Alertmanager)
-# for the end-to-end tests; systemd-analyze and kubectl (kustomize) for tests/test_deploy.py.
-# Debian's kubernetes-client is kubectl 1.20, enough for deploy/kubernetes (kept to kustomize 2's
-# fields); a newer kubectl already on the machine is used as it is.
+have() {
+  local name
+  for name in "$@"; do command -v "$name" >/dev/null && return 0; done
+  return 1
+}
+
 packages=()
-command -v prometheus >/dev/null && command -v promtool >/dev/null || packages+=(prometheus)
-command -v prometheus-alertmanager >/dev/null || packages+=(prometheus-alertmanager)
-command -v systemd-analyze >/dev/null || packages+=(systemd)
-command -v kubectl >/dev/null || packages+=(kubernetes-client)
-command -v curl >/dev/null || packages+=(curl)  # tests/test_web_security.py: a client certificate
+have prometheus && have promtool || packages+=(prometheus)
+have prometheus-alertmanager alertmanager || packages+=(prometheus-alertmanager)
+have systemd-analyze || packages+=(systemd)
+have kubectl || packages+=(kubernetes-client)
+have curl || packages+=(curl)
+have chromium chromium-browser || packages+=(chromium)
 if [ ${#packages[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-    "${packages[@]}" >/dev/null
+  install=(apt-get install -y -qq --no-install-recommends "${packages[@]}")
+  if ! command -v apt-get >/dev/null; then
+    echo "scripts/test.sh: missing commands from these Debian packages: ${packages[*]}" >&2
+    echo "Install their equivalents with this system's package manager, then run it again." >&2
+    exit 1
+  fi
+  if [ "$(id -u)" -eq 0 ]; then
+    sudo=()
+  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    sudo=(sudo -n)
+  else
+    echo "scripts/test.sh: the tests need packages that only root can install: ${packages[*]}" >&2
+    echo "Run this once as root, then run scripts/test.sh again:" >&2
+    echo "  apt-get update && DEBIAN_FRONTEND=noninteractive ${install[*]}" >&2
+    exit 1
+  fi
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive "${install[@]}" >/dev/null
 fi
 
 python=${PYTHON:-python3}
