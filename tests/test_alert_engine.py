@@ -241,3 +241,71 @@ def test_alerts_and_counts_are_copies_safe_to_read_from_another_thread() -> None
 def test_duplicate_rule_names_are_refused() -> None:
     with pytest.raises(ValueError, match="duplicate"):
         AlertEngine([Below.configured(), Below.configured()], hostname="n")
+
+
+# ------------------------------------------------------------------------ transitions in the log
+
+
+def info_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "gpuscope.alerts.engine" and r.levelno == logging.INFO]
+
+
+def test_every_transition_is_one_info_line_with_rule_gpu_and_summary(
+        caplog: pytest.LogCaptureFixture) -> None:
+    engine = AlertEngine([Below.configured(for_=5.0, clear_for=3.0)], hostname="n")
+    timeline = [(0.9, 0.9)] * 10 + [(0.9, 0.2)] * 10 + [(0.9, 0.9)] * 5
+    with caplog.at_level(logging.INFO, logger="gpuscope.alerts.engine"):
+        transitions = drive(engine, timeline)
+    assert [t.state for t in transitions] == ["pending", "firing", "resolved"]
+    # One line per transition, none on the 22 ticks in between.
+    assert info_lines(caplog) == [
+        "alert TestBelow pending: GPU 1 at 0.2 (fires if this holds for 5s)",
+        "alert TestBelow firing: GPU 1 at 0.2",
+        "alert TestBelow resolved on GPU 1: its condition has been false for 3s "
+        "(last evidence: GPU 1 at 0.2)",
+    ]
+
+
+def test_a_pending_alert_that_goes_inactive_and_for_zero_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    pending = AlertEngine([Below.configured(for_=5.0)], hostname="n")
+    at_once = AlertEngine([Below.configured()], hostname="n")
+    with caplog.at_level(logging.INFO, logger="gpuscope.alerts.engine"):
+        drive(pending, [(0.3,)] * 2 + [(0.9,)] * 3)
+        drive(at_once, [(0.9, 0.1), (0.9, 0.9)])
+    assert info_lines(caplog) == [
+        "alert TestBelow pending: GPU 0 at 0.3 (fires if this holds for 5s)",
+        "alert TestBelow inactive on GPU 0: its condition stopped holding within the 5s it must hold to "
+        "fire (last evidence: GPU 0 at 0.3)",
+        "alert TestBelow firing: GPU 1 at 0.1",  # for: 0, one transition
+        "alert TestBelow resolved on GPU 1: its condition no longer holds (last evidence: GPU 1 at 0.1)",
+    ]
+
+
+class Terse(Below):
+    """Like Below, with a summary that does not name its GPU."""
+
+    name: ClassVar[str] = "TestTerse"
+
+    def evaluate(self, history: NodeHistory, active: frozenset[int]) -> dict[int, Condition]:
+        return {gpu: Condition(gpu, c.values, "utilization is low")
+                for gpu, c in super().evaluate(history, active).items()}
+
+
+def test_a_summary_that_does_not_name_its_gpu_gets_it_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="gpuscope.alerts.engine"):
+        drive(AlertEngine([Terse.configured()], hostname="n"), [(0.9, 0.9, 0.1)])
+    assert info_lines(caplog) == ["alert TestTerse firing: GPU 2: utilization is low"]
+
+
+def test_a_clearing_alert_says_so_and_quotes_its_last_evidence() -> None:
+    engine = AlertEngine([Below.configured(clear_for=3.0)], hostname="n")
+    drive(engine, [(0.3,)])
+    assert engine.alerts()[0].summary == "GPU 0 at 0.3"
+    drive(engine, [(0.9,)] * 3, start=1)  # false at 1, 2 and 3 s: resolves at 4 s
+    (alert,) = engine.alerts()
+    assert alert.state == "firing" and alert.values == {"utilization": 0.3}
+    assert alert.summary == ("clearing: its condition no longer holds (2s of the 3s that resolve the alert); "
+                             "last evidence: GPU 0 at 0.3")
+    drive(engine, [(0.4,)], start=4)  # true again: the current evidence, no longer clearing
+    assert engine.alerts()[0].summary == "GPU 0 at 0.4"

@@ -10,6 +10,12 @@ A rule with ``for: 0`` goes straight from inactive to firing (one transition, ``
 Durations are measured on the snapshots' monotonic clock; wall times (``active_since``, ``at``)
 are the snapshots' timestamps.
 
+Every transition is logged at INFO, one line each, with its rule, GPU and summary, e.g.
+``alert GpuLowUtilization firing: GPU 1 runs a job but its mean utilization is 62.0% over 2m (below
+80%)``; nothing is logged on the ticks in between. While a firing alert clears (its condition
+false, ``clear_for`` not over yet), its summary in ``alerts()`` says so and quotes the last
+evidence, which is no longer current.
+
 GPUs that are down this tick, or missing from the snapshot (NVML itself went away), are not
 evaluated: their alerts keep their state (a firing alert stays firing, a pending one pending) until
 the GPU is read again. Nothing is known about them, and resolving then re-raising every alert of a
@@ -32,6 +38,7 @@ from typing import Any
 from gpuscope.alerts.history import NodeHistory
 from gpuscope.alerts.model import Alert, AlertState, Condition, Transition, TransitionState
 from gpuscope.alerts.rules.base import Rule
+from gpuscope.common.durations import format_duration
 from gpuscope.health import SourceHealth
 from gpuscope.snapshot import Snapshot
 
@@ -147,7 +154,7 @@ class AlertEngine:
                 if now - state.false_since >= rule.clear_for_seconds - 1e-9:
                     del states[gpu]
                     transitions.append(self._transition(rule, gpu, state, "firing", "resolved"))
-        self._publish(transitions)
+        self._publish(transitions, now)
         if self._health is not None:
             self._health.record("alerts", success=not failed, duration_seconds=time.perf_counter() - started)
         for transition in transitions:
@@ -163,22 +170,49 @@ class AlertEngine:
     def _transition(self, rule: Rule[Any], gpu: int, state: _State, previous: TransitionState | None,
                     to: TransitionState) -> Transition:
         c = state.condition
+        _log_transition(rule, gpu, to, c.summary)
         return Transition(
             name=rule.name, gpu=gpu, uuid=state.uuid, severity=rule.severity, hostname=self.hostname,
             previous=previous, state=to, at=self._wall, active_since=state.active_since, values=c.values,
             summary=c.summary, labels=c.labels)
 
-    def _publish(self, transitions: list[Transition]) -> None:
+    def _publish(self, transitions: list[Transition], now: float) -> None:
         alerts = []
         for rule in self.rules:
             for gpu, s in sorted(self._states[rule.name].items()):
                 c = s.condition
+                summary = (c.summary if s.false_since is None
+                           else _clearing(rule, now - s.false_since, c.summary))
                 alerts.append(Alert(
                     name=rule.name, gpu=gpu, uuid=s.uuid, severity=rule.severity, state=s.state,
                     hostname=self.hostname, active_since=s.active_since, firing_since=s.firing_since,
-                    values=c.values, summary=c.summary, labels=c.labels))
+                    values=c.values, summary=summary, labels=c.labels))
         with self._lock:
             self._alerts = alerts
             for t in transitions:
                 key = (t.name, t.state)
                 self._counts[key] = self._counts.get(key, 0) + 1
+
+
+def _log_transition(rule: Rule[Any], gpu: int, to: TransitionState, summary: str) -> None:
+    """One INFO line per transition. A summary names its GPU first ("GPU 1 runs a job ..."); one that
+    does not gets the GPU in front. Past a pending or firing state, the summary is the last evidence."""
+    text = summary if summary.startswith(f"GPU {gpu} ") else f"GPU {gpu}: {summary}"
+    if to == "pending":
+        log.info("alert %s pending: %s (fires if this holds for %s)", rule.name, text,
+                 format_duration(rule.for_seconds))
+    elif to == "firing":
+        log.info("alert %s firing: %s", rule.name, text)
+    elif to == "resolved":
+        cleared = (f"its condition has been false for {format_duration(rule.clear_for_seconds)}"
+                   if rule.clear_for_seconds > 0 else "its condition no longer holds")
+        log.info("alert %s resolved on GPU %d: %s (last evidence: %s)", rule.name, gpu, cleared, summary)
+    else:
+        log.info("alert %s inactive on GPU %d: its condition stopped holding within the %s it must hold "
+                 "to fire (last evidence: %s)", rule.name, gpu, format_duration(rule.for_seconds), summary)
+
+
+def _clearing(rule: Rule[Any], false_for: float, summary: str) -> str:
+    """The summary of a firing alert whose condition is false, until ``clear_for`` resolves it."""
+    return (f"clearing: its condition no longer holds ({format_duration(round(false_for, 1))} of the "
+            f"{format_duration(rule.clear_for_seconds)} that resolve the alert); last evidence: {summary}")

@@ -116,7 +116,7 @@ class Window:
         """(fraction of the window's points at which the GPU reported utilization and ran at least
         one compute process; mean utilization over those points, None if none)."""
         n = self.last.n_busy - self._base.n_busy
-        return n / self.n, (self.last.sum_busy - self._base.sum_busy) / n if n else None
+        return n / self.n, _mean(self.last.sum_busy - self._base.sum_busy, n) if n else None
 
     def sm_activity(self) -> tuple[float, float | None, float | None]:
         """(fraction of points with both utilization and GPM SM activity; mean utilization and mean
@@ -125,7 +125,7 @@ class Window:
         n = last.n_sm - base.n_sm
         if not n:
             return 0.0, None, None
-        return n / self.n, (last.sum_sm_util - base.sum_sm_util) / n, (last.sum_sm - base.sum_sm) / n
+        return n / self.n, _mean(last.sum_sm_util - base.sum_sm_util, n), _mean(last.sum_sm - base.sum_sm, n)
 
     def idle_dips(self) -> tuple[int, float] | None:
         """(dips counted in the window, seconds they were counted over), or None without counter
@@ -161,6 +161,12 @@ class Window:
             if new > 0:
                 out[code] = new
         return out
+
+
+def _mean(total: float, n: int) -> float:
+    """A window mean from the difference of two running sums, without the rounding noise of that
+    difference (0.3 held for a minute is 0.3, not 0.29999999999999993): 9 decimals of a ratio."""
+    return round(total / n, 9)
 
 
 def _before(p: Point) -> Point:

@@ -12,10 +12,17 @@ and a GPU counts as running a job over a window only when it had a compute proce
 least 80 % of it (so a job's first minutes, or the minutes after it ended, are not "low").
 
 A rule's defaults are stated once, in its configuration model; the rule reads them from there.
+
+A summary starts with "GPU <n> " (the engine's log line relies on it) and is true of the numbers it
+shows in every state: past the threshold it says so ("62.0% over 2m (below 80%)"); held by the
+hysteresis it says that the alert holds, and until when ("84.9% ...: no longer below 80%, but the
+alert holds until it reaches 85%"). ``value_text``/``percent`` show a value next to the thresholds
+it is compared with so that rounding never puts it on or across one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar, Generic, TypeVar
 
@@ -66,6 +73,52 @@ def require_clearable(hysteresis: float, bound: float, bound_key: str) -> None:
     """A hysteresis as wide as the threshold it widens would keep a firing alert from ever clearing."""
     if hysteresis >= bound:
         raise ValueError(f"hysteresis must be below {bound_key} (else the alert could never clear)")
+
+
+def bound_text(bound: float, *, scale: float = 100.0) -> str:
+    """A threshold as a summary shows it: 0.8 -> "80", 0.35000000000000003 -> "35", 6.0 -> "6"."""
+    return f"{round(bound * scale, 3):g}"
+
+
+def value_text(value: float, *bounds: float, scale: float = 100.0, decimals: int = 1) -> str:
+    """A measured value as a summary shows it next to ``bounds``: with ``decimals`` decimals, or up
+    to two more where fewer would make it look equal to a bound, or on its other side (0.7996 next
+    to 0.8 is "79.96", not "80.0"). What the summary says of the value and a bound then holds of the
+    numbers it shows too. Where even that is not enough (a float a hair below the threshold), it is
+    shown as the nearest number on its side of the bound ("79.999")."""
+    x = value * scale
+    if not math.isfinite(x):
+        return f"{x}"
+    marks = [(float(bound_text(b, scale=scale)), _sign(value - b)) for b in bounds]
+    for d in range(decimals, decimals + 3):
+        shown = round(x, d)
+        if all(_sign(shown - b) == s for b, s in marks):
+            return f"{shown:.{d}f}"
+    unit = 10.0 ** -d
+    for b, s in marks:  # a hair from the bound: the nearest number shown on the right side of it
+        if _sign(shown - b) != s:
+            shown = round(b + s * unit, d)
+    return f"{shown:.{d}f}"
+
+
+def percent(value: float, *bounds: float) -> str:
+    """A ratio as a percentage for a summary (``value_text``): 0.849 -> "84.9%"."""
+    return value_text(value, *bounds) + "%"
+
+
+def percent_bound(bound: float) -> str:
+    """A ratio threshold as a percentage for a summary: 0.8 -> "80%"."""
+    return bound_text(bound) + "%"
+
+
+def band_edge(threshold: float, hysteresis: float) -> float:
+    """``threshold + hysteresis`` without the float noise (0.8 + 0.05 is 0.8500000000000001): the
+    value at which an active alert stops holding is the one its summary and the docs name."""
+    return round(threshold + hysteresis, 9)
+
+
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
 
 
 class RuleConfig(Section):

@@ -13,8 +13,11 @@ from gpuscope.alerts.rules.base import (
     Rule,
     RuleConfig,
     WindowDuration,
+    band_edge,
     clear_for_field,
     for_field,
+    percent,
+    percent_bound,
     window_field,
 )
 
@@ -42,16 +45,31 @@ class BusyButStalledRule(Rule[BusyButStalledConfig]):
 
     def evaluate(self, history: NodeHistory, active: frozenset[int]) -> dict[int, Condition]:
         config = self.config
+        busy, stalled = config.min_utilization, config.max_sm_active
+        # An active alert holds down to these: utilization and SM activity each move by the hysteresis.
+        busy_held, stalled_held = band_edge(busy, -config.hysteresis), band_edge(stalled, config.hysteresis)
         out = {}
         for gpu, window in self._windows(history):
             fraction, util, sm = window.sm_activity()
             if util is None or sm is None or fraction < MIN_COVERAGE:
                 continue  # no GPM here (pre-Hopper, MIG) or not for most of the window
-            slack = config.hysteresis if gpu in active else 0.0
-            if util >= config.min_utilization - slack and sm < config.max_sm_active + slack:
+            held = gpu in active
+            if util >= (busy_held if held else busy) and sm < (stalled_held if held else stalled):
                 out[gpu] = Condition(
                     gpu, {"mean_utilization": util, "mean_sm_active": sm,
-                          "min_utilization": config.min_utilization, "max_sm_active": config.max_sm_active},
-                    f"GPU {gpu} is {util:.1%} busy but its SMs are only {sm:.1%} active over "
-                    f"{self._over}: kernels wait (host syncs, tiny launches)")
+                          "min_utilization": busy, "max_sm_active": stalled},
+                    self._summary(gpu, util, sm, busy_held, stalled_held))
         return out
+
+    def _summary(self, gpu: int, util: float, sm: float, busy_held: float, stalled_held: float) -> str:
+        busy, stalled = self.config.min_utilization, self.config.max_sm_active
+        if util >= busy and sm < stalled:
+            return (f"GPU {gpu} is {percent(util, busy)} busy but its SMs are only {percent(sm, stalled)} "
+                    f"active over {self._over} (busy: {percent_bound(busy)} or more, SMs below "
+                    f"{percent_bound(stalled)}): kernels wait (host syncs, tiny launches)")
+        # Held by the hysteresis: past one of the firing thresholds, not yet past the released ones.
+        return (f"GPU {gpu} is {percent(util, busy, busy_held)} busy with its SMs "
+                f"{percent(sm, stalled, stalled_held)} active over {self._over}: no longer at the firing "
+                f"thresholds ({percent_bound(busy)} busy or more, SMs below {percent_bound(stalled)}), but "
+                f"the alert holds until utilization falls below {percent_bound(busy_held)} or SM activity "
+                f"reaches {percent_bound(stalled_held)}")

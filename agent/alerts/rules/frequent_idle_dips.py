@@ -14,9 +14,13 @@ from gpuscope.alerts.rules.base import (
     Rule,
     RuleConfig,
     WindowDuration,
+    band_edge,
+    bound_text,
     clear_for_field,
     for_field,
+    percent,
     require_clearable,
+    value_text,
     window_field,
 )
 
@@ -42,6 +46,8 @@ class FrequentIdleDipsRule(Rule[FrequentIdleDipsConfig]):
 
     def evaluate(self, history: NodeHistory, active: frozenset[int]) -> dict[int, Condition]:
         config = self.config
+        most = config.max_per_minute
+        release = band_edge(most, -config.hysteresis)  # an active alert holds above this
         out = {}
         for gpu, window, mean in self._busy_means(history):
             counted = window.idle_dips()
@@ -49,11 +55,18 @@ class FrequentIdleDipsRule(Rule[FrequentIdleDipsConfig]):
                 continue
             dips, seconds = counted
             rate = dips / seconds * 60.0
-            limit = config.max_per_minute - (config.hysteresis if gpu in active else 0.0)
-            if rate > limit:
+            if rate > (release if gpu in active else most):
                 out[gpu] = Condition(
-                    gpu, {"dips_per_minute": rate, "mean_utilization": mean,
-                          "max_per_minute": config.max_per_minute},
-                    f"GPU {gpu} dips to idle {rate:.0f} times a minute (> {config.max_per_minute:g}) at "
-                    f"{mean:.0%} mean utilization over {self._over}: the job waits for its input")
+                    gpu, {"dips_per_minute": rate, "mean_utilization": mean, "max_per_minute": most},
+                    self._summary(gpu, rate, mean, most, release))
         return out
+
+    def _summary(self, gpu: int, rate: float, mean: float, most: float, release: float) -> str:
+        at = f"at {percent(mean)} mean utilization over {self._over}"
+        if rate > most:
+            return (f"GPU {gpu} dips to idle {value_text(rate, most, scale=1.0, decimals=0)} times a minute "
+                    f"(more than {bound_text(most, scale=1.0)}) {at}: the job waits for its input")
+        # Held by the hysteresis: no longer above max_per_minute, not yet down to max - hysteresis.
+        return (f"GPU {gpu} dips to idle {value_text(rate, most, release, scale=1.0, decimals=0)} times a "
+                f"minute {at}: no longer more than {bound_text(most, scale=1.0)}, but the alert holds "
+                f"until it is {bound_text(release, scale=1.0)} or fewer")

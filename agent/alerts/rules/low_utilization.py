@@ -13,8 +13,11 @@ from gpuscope.alerts.rules.base import (
     Rule,
     RuleConfig,
     WindowDuration,
+    band_edge,
     clear_for_field,
     for_field,
+    percent,
+    percent_bound,
     window_field,
 )
 
@@ -39,13 +42,20 @@ class LowUtilizationRule(Rule[LowUtilizationConfig]):
     captures_by_default: ClassVar[bool] = True  # a trace shows what the GPU waits for
 
     def evaluate(self, history: NodeHistory, active: frozenset[int]) -> dict[int, Condition]:
-        threshold, hysteresis = self.config.threshold, self.config.hysteresis
+        threshold = self.config.threshold
+        release = band_edge(threshold, self.config.hysteresis)  # an active alert holds below this
         out = {}
         for gpu, _, mean in self._busy_means(history):
-            limit = threshold + (hysteresis if gpu in active else 0.0)
-            if mean < limit:
-                out[gpu] = Condition(
-                    gpu, {"mean_utilization": mean, "threshold": threshold},
-                    f"GPU {gpu} runs a job but its mean utilization is {mean:.1%} "
-                    f"(< {threshold:.0%}) over {self._over}")
+            if mean < (release if gpu in active else threshold):
+                out[gpu] = Condition(gpu, {"mean_utilization": mean, "threshold": threshold},
+                                     self._summary(gpu, mean, threshold, release))
         return out
+
+    def _summary(self, gpu: int, mean: float, threshold: float, release: float) -> str:
+        if mean < threshold:
+            return (f"GPU {gpu} runs a job but its mean utilization is {percent(mean, threshold)} over "
+                    f"{self._over} (below {percent_bound(threshold)})")
+        # Held by the hysteresis: no longer below the threshold, not yet back at threshold + hysteresis.
+        return (f"GPU {gpu} runs a job at {percent(mean, threshold, release)} mean utilization over "
+                f"{self._over}: no longer below {percent_bound(threshold)}, but the alert holds until it "
+                f"reaches {percent_bound(release)}")

@@ -47,5 +47,6 @@ class SharedByProcessesRule(Rule[SharedByProcessesConfig]):
                 shown = ", ".join(sorted(n or "?" for n in names))
                 out[gpu] = Condition(
                     gpu, {"compute_processes": float(len(names)), "max_processes": float(max_processes)},
-                    f"GPU {gpu} is shared by {len(names)} compute processes ({shown})")
+                    f"GPU {gpu} is shared by {len(names)} compute processes ({shown}), more than the "
+                    f"{max_processes} allowed")
         return out

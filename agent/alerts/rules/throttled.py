@@ -13,9 +13,12 @@ from gpuscope.alerts.rules.base import (
     Rule,
     RuleConfig,
     WindowDuration,
+    band_edge,
     clear_for_field,
     for_field,
+    percent_bound,
     require_clearable,
+    value_text,
     window_field,
 )
 from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
@@ -54,19 +57,30 @@ class ThrottledRule(Rule[ThrottledConfig]):
 
     def evaluate(self, history: NodeHistory, active: frozenset[int]) -> dict[int, Condition]:
         config = self.config
+        least = config.min_fraction
+        release = band_edge(least, -config.hysteresis)  # an active alert holds down to this share
         out = {}
         for gpu, window in self._windows(history):
             known, throttled = window.clock_events(self.reasons)
             if not throttled or known < MIN_COVERAGE * window.n:
                 continue
             fraction = throttled / known
-            if fraction >= config.min_fraction - (config.hysteresis if gpu in active else 0.0):
+            if fraction >= (release if gpu in active else least):
                 seen: set[str] = set()
                 for p in window.points:
                     if p.clock_event_reasons:
                         seen |= p.clock_event_reasons & self.reasons
-                names = ",".join(sorted(seen))
                 out[gpu] = Condition(
-                    gpu, {"throttled_fraction": fraction, "min_fraction": config.min_fraction},
-                    f"GPU {gpu} clocks were held down ({names}) {fraction:.0%} of the last {self._over}")
+                    gpu, {"throttled_fraction": fraction, "min_fraction": least},
+                    self._summary(gpu, ",".join(sorted(seen)), fraction, least, release))
         return out
+
+    def _summary(self, gpu: int, names: str, fraction: float, least: float, release: float) -> str:
+        held = f"GPU {gpu} clocks were held down ({names})"
+        if fraction >= least:
+            return (f"{held} {value_text(fraction, least, decimals=0)}% of the last {self._over} "
+                    f"(at least {percent_bound(least)})")
+        # Held by the hysteresis: below min_fraction, not yet below min_fraction - hysteresis.
+        return (f"{held} {value_text(fraction, least, release, decimals=0)}% of the last {self._over}: no "
+                f"longer at least {percent_bound(least)}, but the alert holds until it is below "
+                f"{percent_bound(release)}")
