@@ -12,7 +12,7 @@ timed with perf_counter (after gc.freeze(), as the agent does once started). Rep
 p99 and max per tick in µs, the share of each rule (timed separately, evaluate only) and of the
 history update, and the alerts active at the end.
 
-Target (the issue): at most 1 ms per tick for 8 GPUs with all rules.
+Target: at most 1 ms per tick for 8 GPUs with all rules.
 """
 
 from __future__ import annotations

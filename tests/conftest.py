@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, settings
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
                       os.path.join(tempfile.gettempdir(), "gpuscope-hypothesis"))
 # The property-based tests' common settings (each file sets its number of examples): no example
-# database (every run starts fresh, nothing is written next to the code), no deadline (these machines
-# are shared: a slow example is not a failure), and inputs as large and as filtered as they need.
+# database (every run starts fresh, nothing is written next to the code), no deadline (a loaded
+# machine is slow: a slow example is not a failure), and inputs as large and as filtered as they need.
 settings.register_profile("gpuscope", deadline=None, database=None, suppress_health_check=[
     HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
     HealthCheck.function_scoped_fixture])

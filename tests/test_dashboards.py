@@ -181,7 +181,7 @@ def test_dashboards_use_only_catalogued_metrics_and_cover_the_node_and_fleet_vie
         used[query.dashboard] |= {metric for metric, _ in selectors(query.expr)}
     for name, metrics in used.items():
         assert metrics <= known, f"{name}: not in docs/metrics.md: {sorted(metrics - known)}"
-    # The list for the node dashboard, and for the fleet.
+    # What each dashboard must show: the node dashboard's metrics, then the fleet's.
     assert used["gpu-node"] >= {
         "gpu_utilization_ratio", "gpu_idle_dips_total", "gpu_sm_active_ratio", "gpu_tensor_active_ratio",
         "gpu_memory_used_bytes", "gpu_power_watts", "gpu_energy_joules_total", "gpu_temperature_celsius",

@@ -40,7 +40,7 @@ DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 # The oldest Kubernetes release still commonly run, and a recent one (kubernetes-validate ships both).
 KUBERNETES_VERSIONS = ("1.29.0", "1.33.0")
 KINETO_DIR = "/run/gpuscope/kineto"  # the hostPath PyTorch pods share with the agent
-MAX_EXPOSURE = 3.0  # the target; the achieved score is in docs/deploy.md and the README
+MAX_EXPOSURE = 3.0  # the highest score accepted; the achieved one is in docs/deploy.md and the README
 
 
 def tool(name: str, how: str) -> str:

@@ -7,8 +7,8 @@ rather than risk naming the wrong one (Kubernetes: ``hostPID: true``; docker: ``
 The sampler asks about the same few dozen pids every tick, so each answer is cached for the life of
 the process. The cache key is the process start time (``/proc/<pid>/stat`` field 22, clock ticks
 since boot), which tells a reused pid number from the process that held it before. Checking the
-key costs a read of the stat file per pid per tick (a cached describe then takes ~13 µs in the
-2-CPU VM where this was measured, bench/process_lookup.py); building a psutil.Process to get its
+key costs a read of the stat file per pid per tick (a cached describe then takes ~13 µs,
+measured on 2 vCPUs with bench/process_lookup.py); building a psutil.Process to get its
 create time, ~35-50 µs. A pidfd (``pidfd_open``, Linux 5.3+) answers "has this very process
 exited?" with one ``poll`` (a cached describe then takes ~1 µs) and cannot be fooled by pid reuse,
 so it is the fast path; the start time is the fallback for kernels or seccomp profiles without
