@@ -33,7 +33,7 @@ from gpuscope.web.app import WEBHOOK_PATH, AgentApp
 
 FUZZ = settings(max_examples=150)  # and tests/conftest.py\'s profile
 
-ROUTES = ("/", "/metrics", "/-/healthy", "/-/ready", "/api/v1/snapshot", "/api/v1/alerts")
+ROUTES = ("/", "/metrics", "/-/healthy", "/-/ready", "/api/v1/snapshot", "/api/v1/alerts", "/api/v1/captures")
 FAMILIES = ("gpu_utilization_ratio", "gpu_energy_joules", "gpu_energy_joules_total",
             "gpu_process_memory_used_bytes", "gpu_up", "gpu_info", "gpuscope_build_info",
             "gpu_clock_event_active")
@@ -76,14 +76,17 @@ def call(environ: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
 
 PATHS = st.one_of(st.sampled_from(ROUTES), st.sampled_from(ROUTES),
                   st.sampled_from(["/metrics/", "/METRICS", "//metrics", "/metrics?x", "", "/-/", "/api/v1/",
-                                   "/api/v1/snapshot/..", "/%2e%2e/etc/passwd", "/\x00"]),
+                                   "/api/v1/snapshot/..", "/%2e%2e/etc/passwd", "/\x00",
+                                   "/api/v1/captures/", "/api/v1/captures/../../etc/passwd",
+                                   "/api/v1/captures/0123456789abcdef"]),
                   st.text(st.characters(max_codepoint=255), max_size=30).map(lambda s: "/" + s))
 METHODS = st.sampled_from(["GET", "GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "TRACE", "get", "",
                            "G E T"])
 QUERY_PARTS = st.one_of(
     st.sampled_from(FAMILIES).map(lambda n: f"name[]={n}"),
     st.text(max_size=12).map(lambda n: f"name[]={quote(n)}"),
-    st.sampled_from(["name[]", "name[]=", "name%5B%5D=gpu_up", "name=gpu_up", "&&", "%", "%zz", "=", "a=b=c",
+    st.sampled_from(["limit=5", "limit=0", "limit=-1", "limit=99999999", "limit=%ff",
+                     "name[]", "name[]=", "name%5B%5D=gpu_up", "name=gpu_up", "&&", "%", "%zz", "=", "a=b=c",
                      "name[]=%00", "name[]=%ff%fe", ";", "+"]),
     st.text(st.characters(max_codepoint=255), max_size=12),
 )
@@ -130,10 +133,14 @@ def test_no_request_is_answered_500(path: str, method: str, query: str, accept: 
     event(f"{path if path in ROUTES else 'other'} {code}")
     assert code != 500
     route = path or "/"
-    if route not in ROUTES:
+    if route.startswith("/api/v1/captures/"):  # a download: a bad id, captures off, or not a GET
+        assert code in (400, 404, 405), (code, body)
+    elif route not in ROUTES:
         assert code == 404
     elif method not in ("GET", "HEAD"):
         assert code == 405 and headers["Allow"] == "GET, HEAD"
+    elif route == "/api/v1/captures":  # ?limit= outside 1-1000 is refused with the reason
+        assert code in (200, 400), (code, body)
     else:
         assert code in ((200, 503) if route == "/-/ready" else (200,)), (code, body)
     if method == "HEAD":

@@ -1,4 +1,5 @@
-"""The agent's HTTP endpoints: /metrics, health and readiness probes, the snapshot and alerts as JSON.
+"""The agent's HTTP endpoints: the status page, /metrics, health and readiness probes, the snapshot,
+alerts and captures as JSON, capture downloads.
 
 A small WSGI application (the listening side is ``server``). /metrics collects the registry once per
 request and encodes the families with gpuscope.exporters.exposition, which writes the bytes
@@ -9,7 +10,18 @@ level. ``?name[]=NAME`` (repeatable) keeps only the families, or the samples, wi
 
 /api/v1/alerts answers 200 with ``{"enabled": bool, "alerts": [Alert.to_json(), ...]}`` (pending and
 firing alerts); with alerting disabled (no AlertSource) it is ``{"enabled": false, "alerts": []}``,
-not an error, so a dashboard or script polling it needs no special case.
+not an error, so a dashboard or script polling it needs no special case. The path is Prometheus', the
+shape is not: it is the agent's own schema, shared with the control API's ListAlerts (docs/alerts.md,
+"The alerts endpoint", says why and how to convert it). /api/v1/captures lists the stored captures
+the same way (``{"enabled", "downloads", "captures"}``, newest first).
+
+``/`` is the status page (``status_page``), rendered from what the agent already holds.
+
+/api/v1/captures/<id> sends one capture as a tar file (``capture_download``). Traces hold whatever
+the profiler recorded (op and kernel names, Python stacks), more than the telemetry the other
+endpoints give, so it answers 403 unless the web configuration authenticates every client (basic
+auth users, or required client certificates): without one, the control API's socket, which only the
+agent's user and group can open, stays the way to fetch a capture.
 """
 
 from __future__ import annotations
@@ -18,6 +30,8 @@ import gzip
 import json
 import logging
 import math
+import ssl
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
@@ -26,11 +40,16 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import gzip_accepted
 
 from gpuscope.alerts.model import AlertSource
+from gpuscope.capture.store import CaptureIdError, CaptureNotFoundError, CaptureStore, CaptureStoreError
 from gpuscope.exporters.exposition import negotiate, restrict_families
 from gpuscope.health import SourceHealth
 from gpuscope.snapshot import SnapshotSource
 from gpuscope.version import __version__
+from gpuscope.web.capture_download import CaptureArchive, capture_archive
 from gpuscope.web.rejections import Rejections
+from gpuscope.web.status_page import CAPTURES_PATH, StatusView, render_status_page
+from gpuscope.web.utilization_history import DEFAULT_POINTS, UtilizationHistory, UtilizationSeries
+from gpuscope.web.web_config import WebSecurity
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -46,13 +65,21 @@ GZIP_LEVEL = 3
 
 _TEXT = "text/plain; charset=utf-8"
 _JSON = "application/json"
+_HTML = "text/html; charset=utf-8"
+# The status page runs nothing and loads nothing: a policy that says so keeps an injected tag inert.
+_PAGE_POLICY = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+                "form-action 'none'; frame-ancestors 'none'")
 
-_Response = tuple[str, list[tuple[str, str]], bytes]
+# A handler's answer: status, headers, and the body whole or, for a capture download, streamed.
+_Response = tuple[str, list[tuple[str, str]], bytes | CaptureArchive]
 # POST /api/v1/alertmanager: the handler takes the body and returns (HTTP status line, JSON reply).
 WebhookHandler = Callable[[bytes], tuple[str, dict[str, Any]]]
 _JSON_TYPES = ("application/json",)
 WEBHOOK_PATH = "/api/v1/alertmanager"
 WEBHOOK_MAX_BYTES = 1 << 20
+CAPTURE_DOWNLOAD_PREFIX = CAPTURES_PATH + "/"
+DEFAULT_CAPTURE_LIST = 100  # /api/v1/captures without ?limit=
+MAX_CAPTURE_LIST = 1000
 
 
 class AgentApp:
@@ -62,11 +89,24 @@ class AgentApp:
                  alerts: AlertSource | None = None, webhook: WebhookHandler | None = None, *,
                  webhook_auth: WebhookAuth | None = None, expected_gpus: int | None = None,
                  health: SourceHealth | None = None, rejections: Rejections | None = None,
-                 include_processes: bool = True):
+                 include_processes: bool = True, include_users: bool = True,
+                 captures: CaptureStore | None = None, history: UtilizationHistory | None = None,
+                 simulated: str | None = None, security: Callable[[], WebSecurity] | None = None,
+                 wall_clock: Callable[[], float] = time.time):
+        """``captures``: the capture store (None: captures are off). ``history``: the utilization
+        ring a sampler listener feeds, for the status page's sparklines. ``simulated``: the scenario's
+        name on a simulated node. ``security``: the web configuration in force (capture downloads
+        need one that authenticates every client). ``wall_clock``: Unix time, for the ages the page shows."""
         if webhook is not None and webhook_auth is None:
             raise ValueError("the webhook needs its credentials (webhook_auth)")
         self._webhook_auth = webhook_auth
         self._include_processes = include_processes
+        self._include_users = include_users
+        self._captures = captures
+        self._history = history
+        self._simulated = simulated
+        self._security = security
+        self._wall_clock = wall_clock
         self._rejections = rejections if rejections is not None else Rejections()
         self._expected_gpus = expected_gpus
         self._health = health
@@ -82,12 +122,15 @@ class AgentApp:
             "/-/ready": self._ready,
             "/api/v1/snapshot": self._snapshot,
             "/api/v1/alerts": self._alerts_json,
+            CAPTURES_PATH: self._captures_json,
         }
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO") or "/"
         handler = self._routes.get(path)
+        if handler is None and path.startswith(CAPTURE_DOWNLOAD_PREFIX):
+            handler = self._capture_download
         try:
             if path == WEBHOOK_PATH:
                 status, headers, body = self._alertmanager_webhook(environ, method)
@@ -101,6 +144,10 @@ class AgentApp:
         except Exception:
             log.exception("error serving %s %s", method, path)
             status, headers, body = _text("500 Internal Server Error", "internal error, see the agent's log")
+        if isinstance(body, CaptureArchive):
+            headers.append(("Content-Length", str(body.length)))
+            start_response(status, headers)
+            return [] if method == "HEAD" else body.chunks()
         headers.append(("Content-Length", str(len(body))))
         start_response(status, headers)
         return [b"" if method == "HEAD" else body]
@@ -152,7 +199,71 @@ class AgentApp:
         return _json(code, reply)
 
     def _index(self, environ: WSGIEnvironment) -> _Response:
-        return "200 OK", [("Content-Type", "text/html; charset=utf-8")], _INDEX_HTML
+        view = StatusView(
+            snapshot=self._source.latest(), stale=self._source.snapshot_is_stale(),
+            alerts=None if self._alerts is None else self._alerts.alerts(),
+            captures=None if self._captures is None else self._captures.list(),
+            history=self._history.series if self._history is not None else _no_history,
+            version=__version__, now=self._wall_clock(), simulated=self._simulated,
+            include_processes=self._include_processes, include_users=self._include_users,
+            downloads=self._downloads_allowed(),
+            history_points=self._history.points if self._history is not None else DEFAULT_POINTS)
+        headers = [("Content-Type", _HTML), ("Cache-Control", "no-store"),
+                   ("Content-Security-Policy", _PAGE_POLICY)]
+        return "200 OK", headers, render_status_page(view)
+
+    def _captures_json(self, environ: WSGIEnvironment) -> _Response:
+        """GET /api/v1/captures[?limit=N]: the stored captures' records, newest first."""
+        limit_text = parse_qs(environ.get("QUERY_STRING", "")).get("limit", [str(DEFAULT_CAPTURE_LIST)])[-1]
+        well_formed = limit_text.isascii() and limit_text.isdigit() and len(limit_text) <= 6
+        limit = int(limit_text) if well_formed else 0
+        if not 1 <= limit <= MAX_CAPTURE_LIST:
+            return _json("400 Bad Request", {"error": f"limit must be a whole number from 1 to "
+                                                      f"{MAX_CAPTURE_LIST}, not {limit_text[:20]!r}"})
+        listed = []
+        for record in [] if self._captures is None else self._captures.list()[:limit]:
+            entry = record.to_json()
+            if not self._include_processes:  # processes.export: false: no pid leaves the agent
+                for key in ("pids", "targets", "target"):
+                    entry.pop(key, None)
+            entry["download"] = CAPTURE_DOWNLOAD_PREFIX + record.id
+            listed.append(entry)
+        document = {"enabled": self._captures is not None,
+                    "downloads": self._captures is not None and self._downloads_allowed(), "captures": listed}
+        return "200 OK", [("Content-Type", _JSON)], _finite_json(document)
+
+    def _capture_download(self, environ: WSGIEnvironment) -> _Response:
+        """GET /api/v1/captures/<id>: the capture as ``<id>.tar`` (see the module's docstring)."""
+        if self._captures is None:
+            return _json("404 Not Found", {"error": "captures are off on this agent (capture.enabled)"})
+        if not self._downloads_allowed():
+            return _json("403 Forbidden", {
+                "error": "capture downloads over HTTP need a web configuration file that authenticates "
+                         "every client (basic_auth_users, or client_auth_type: RequireAndVerifyClientCert); "
+                         "on the node, `gpuscope captures get ID` fetches it over the control API"})
+        capture_id = (environ.get("PATH_INFO") or "")[len(CAPTURE_DOWNLOAD_PREFIX):]
+        try:
+            archive = capture_archive(self._captures, capture_id)  # validates the id before any path
+        except CaptureIdError as err:
+            return _json("400 Bad Request", {"error": str(err)})
+        except CaptureNotFoundError as err:
+            return _json("404 Not Found", {"error": str(err)})
+        except CaptureStoreError as err:
+            log.warning("cannot send capture %s: %s", capture_id, err)
+            return _json("500 Internal Server Error",
+                         {"error": f"cannot read capture {capture_id}; see the agent's log"})
+        headers = [("Content-Type", "application/x-tar"), ("Cache-Control", "no-store"),
+                   ("Content-Disposition", f'attachment; filename="{archive.file_name}"')]
+        return "200 OK", headers, archive
+
+    def _downloads_allowed(self) -> bool:
+        """Whether the web configuration in force authenticates every client (see the docstring)."""
+        if self._security is None:
+            return False
+        security = self._security()
+        client_certificates = (security.ssl_context is not None
+                               and security.ssl_context.verify_mode == ssl.CERT_REQUIRED)
+        return security.users.enabled or client_certificates
 
     def _healthy(self, environ: WSGIEnvironment) -> _Response:
         if self._source.is_alive():
@@ -199,11 +310,7 @@ class AgentApp:
     def _alerts_json(self, environ: WSGIEnvironment) -> _Response:
         alerts = [] if self._alerts is None else [alert.to_json() for alert in self._alerts.alerts()]
         document = {"enabled": self._alerts is not None, "alerts": alerts}
-        try:
-            body = json.dumps(document, allow_nan=False)
-        except ValueError:  # a NaN or infinite rule value: JSON has no literal for it, null is honest
-            body = json.dumps(_finite(document), allow_nan=False)
-        return "200 OK", [("Content-Type", _JSON)], body.encode()
+        return "200 OK", [("Content-Type", _JSON)], _finite_json(document)
 
 
 def _text(status: str, line: str) -> _Response:
@@ -212,6 +319,17 @@ def _text(status: str, line: str) -> _Response:
 
 def _json(status: str, document: dict[str, Any]) -> _Response:
     return status, [("Content-Type", _JSON)], json.dumps(document).encode()
+
+
+def _finite_json(document: dict[str, Any]) -> bytes:
+    try:
+        return json.dumps(document, allow_nan=False).encode()
+    except ValueError:  # a NaN or infinite value (a rule's): JSON has no literal for it, null is honest
+        return json.dumps(_finite(document), allow_nan=False).encode()
+
+
+def _no_history(index: int, uuid: str) -> UtilizationSeries:
+    return UtilizationSeries((), 0.0)
 
 
 def _finite(obj: Any) -> Any:
@@ -223,22 +341,3 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_finite(value) for value in obj]
     return obj
-
-
-_INDEX_HTML = f"""<!DOCTYPE html>
-<html lang="en">
-<head><meta charset="utf-8"><title>gpuscope</title></head>
-<body>
-<h1>gpuscope {__version__}</h1>
-<p>GPU telemetry agent.</p>
-<ul>
-<li><a href="/metrics">/metrics</a>: Prometheus metrics</li>
-<li><a href="/-/healthy">/-/healthy</a>: liveness of the sampler</li>
-<li><a href="/-/ready">/-/ready</a>: readiness (fresh snapshot, NVML up)</li>
-<li><a href="/api/v1/snapshot">/api/v1/snapshot</a>: the latest snapshot as JSON</li>
-<li><a href="/api/v1/alerts">/api/v1/alerts</a>: the agent's pending and firing alerts as JSON</li>
-<li><code>POST /api/v1/alertmanager</code>: Alertmanager webhook (v4), triggers captures</li>
-</ul>
-</body>
-</html>
-""".encode()

@@ -36,6 +36,7 @@ from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 from prometheus_client import CollectorRegistry
 
 from gpuscope.alerts.model import AlertSource
+from gpuscope.capture.store import CaptureStore
 from gpuscope.common.addresses import parse_host_port
 from gpuscope.health import SourceHealth
 from gpuscope.snapshot import SnapshotSource
@@ -44,6 +45,7 @@ from gpuscope.web.access import AccessControl
 from gpuscope.web.app import WEBHOOK_PATH, AgentApp, WebhookHandler
 from gpuscope.web.rejections import Rejections
 from gpuscope.web.tls_context import peer_sans
+from gpuscope.web.utilization_history import UtilizationHistory
 from gpuscope.web.web_config import OPEN, WebConfigWatcher, WebSecurity
 from gpuscope.web.webhook_auth import WebhookAuth
 
@@ -266,7 +268,8 @@ def _open_server(host: str, port: int, address: str, **options: Any) -> _Threadi
 
 
 _LISTEN_HINTS = {
-    errno.EADDRINUSE: " (another process, perhaps another gpuscope, holds the port; pick another one)",
+    errno.EADDRINUSE: " (is another gpuscope running? choose another address: --web.listen-address, or "
+                      "web.listen_address in the configuration)",
     errno.EACCES: " (ports below 1024 need root or CAP_NET_BIND_SERVICE)",
     errno.EADDRNOTAVAIL: " (no local interface has this address)",
 }
@@ -276,7 +279,8 @@ class AgentHttpServer:
     """Serves the agent's endpoints on ``listen_address`` from a daemon thread.
 
     ``clock`` is the monotonic clock that readiness compares snapshot ages with (a parameter so
-    tests need not sleep). ``alerts`` is the rule engine, None when alerting is disabled.
+    tests need not sleep). ``alerts`` is the rule engine, None when alerting is disabled. ``captures``,
+    ``history`` and ``simulated`` feed the status page and the capture endpoints (see ``app.AgentApp``).
     """
 
     def __init__(
@@ -294,6 +298,10 @@ class AgentHttpServer:
         web_config: WebConfigWatcher | None = None,
         webhook_auth: WebhookAuth | None = None,
         include_processes: bool = True,
+        include_users: bool = True,
+        captures: CaptureStore | None = None,
+        history: UtilizationHistory | None = None,
+        simulated: str | None = None,
     ) -> None:
         self._max_requests = max_requests
         self._address = listen_address
@@ -303,7 +311,9 @@ class AgentHttpServer:
         self.rejections = Rejections()
         app = AgentApp(registry, source, clock, alerts, webhook, webhook_auth=webhook_auth,
                        expected_gpus=expected_gpus, health=health, rejections=self.rejections,
-                       include_processes=include_processes)
+                       include_processes=include_processes, include_users=include_users,
+                       captures=captures, history=history, simulated=simulated,
+                       security=self.web_config.current)
         webhook_on = webhook is not None  # it checks its own credentials
         self._app = AccessControl(app, self.web_config.current, rejections=self.rejections,
                                   skip_auth=lambda path: webhook_on and path == WEBHOOK_PATH)

@@ -1,0 +1,409 @@
+"""The status page at ``/``: the node at a glance, as one self-contained HTML document.
+
+Rendering is a pure function of a ``StatusView`` (the latest Snapshot, the alerts, the recent
+captures, the utilization history), gathered by ``app.AgentApp`` from what the agent already holds:
+it reads nothing from the node and never waits for the sampler.
+
+The agent often runs where nothing outside the node can be reached, so the page has no script, no
+external stylesheet, font or image: the CSS is inline and the sparklines are inline SVG. It reloads
+itself every REFRESH_SECONDS with a meta refresh. Every string that comes from outside the agent
+(process, user, pod and GPU names, alert summaries, capture errors) goes through ``html.escape``.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from gpuscope.alerts.model import Alert
+from gpuscope.capture.model import CaptureRecord
+from gpuscope.common.sizes import format_size
+from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot
+from gpuscope.web.utilization_history import DEFAULT_POINTS, UtilizationSeries
+
+REFRESH_SECONDS = 5
+RECENT_CAPTURES = 10  # rows of the captures table
+CAPTURES_PATH = "/api/v1/captures"
+_SPARK_WIDTH, _SPARK_HEIGHT = 120, 28
+_MAX_ERROR_CHARS = 160  # a capture's error on the page (the JSON listing has it whole)
+_NONE = '<span class="muted">&mdash;</span>'
+
+
+@dataclass(frozen=True, slots=True)
+class StatusView:
+    """Everything the page shows. ``alerts`` and ``captures`` are None where that part is off."""
+
+    snapshot: Snapshot | None
+    stale: bool  # the snapshot is older than the sampler's staleness limit
+    alerts: Sequence[Alert] | None
+    captures: Sequence[CaptureRecord] | None
+    history: Callable[[int, str], UtilizationSeries]  # (GPU index, uuid) -> recent utilization
+    version: str
+    now: float  # wall clock, Unix seconds
+    simulated: str | None = None  # the scenario's name when the node is simulated
+    include_processes: bool = True  # processes.export
+    include_users: bool = True  # processes.user
+    downloads: bool = False  # whether capture downloads are served to this page's reader
+    history_points: int = DEFAULT_POINTS
+
+
+def render_status_page(view: StatusView) -> bytes:
+    """The page as UTF-8 bytes."""
+    snapshot = view.snapshot
+    hostname = snapshot.hostname if snapshot is not None else "gpuscope"
+    parts = [
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
+        f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">\n',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n',
+        f"<title>{_e(hostname)} &middot; gpuscope</title>\n<style>{_CSS}</style>\n</head>\n<body>\n",
+        _header(view),
+        _banners(view),
+        "<main>\n",
+    ]
+    if snapshot is None:
+        parts.append('<section><p class="note">No snapshot yet: the first sampling tick has not '
+                     "finished. This page reloads on its own.</p></section>\n")
+    else:
+        parts += [_alerts_section(view), _gpus_section(view, snapshot), _processes_section(view, snapshot)]
+    parts += [_captures_section(view), "</main>\n", _footer(view), "</body>\n</html>\n"]
+    return "".join(parts).encode()
+
+
+# -- sections -----------------------------------------------------------------------------------------
+
+
+def _header(view: StatusView) -> str:
+    snapshot = view.snapshot
+    if snapshot is None:
+        return f'<header><h1>gpuscope</h1><span class="sub">version {_e(view.version)}</span></header>\n'
+    facts = [f"{len(snapshot.gpus)} GPU{'' if len(snapshot.gpus) == 1 else 's'}"]
+    if snapshot.driver_version:
+        facts.append(f"driver {_e(snapshot.driver_version)}")
+    facts.append(f"sampled every {_duration(snapshot.interval_seconds)}")
+    age = _duration(max(0.0, view.now - snapshot.timestamp))
+    facts.append(f"updated {_clock(snapshot.timestamp)} ({age} ago)")
+    return (f'<header><h1>{_e(snapshot.hostname)}</h1><span class="sub">{" &middot; ".join(facts)}</span>'
+            f'<span class="sub right">gpuscope {_e(view.version)}</span></header>\n')
+
+
+def _banners(view: StatusView) -> str:
+    banners = []
+    if view.simulated is not None:
+        banners.append(f'<div class="banner sim" id="simulated">SIMULATED NODE &mdash; scenario '
+                       f"<code>{_e(view.simulated)}</code>: every reading on this page comes from a "
+                       "simulation, not from real GPUs.</div>\n")
+    snapshot = view.snapshot
+    if snapshot is not None and not snapshot.nvml_up:
+        banners.append('<div class="banner bad">NVML is not available: no GPU can be read (see the '
+                       "agent's log).</div>\n")
+    if snapshot is not None and view.stale:
+        banners.append(f'<div class="banner bad">The latest snapshot is '
+                       f"{_duration(max(0.0, view.now - snapshot.timestamp))} old: the sampler may be stuck; "
+                       "the readings below are out of date.</div>\n")
+    return "".join(banners)
+
+
+def _alerts_section(view: StatusView) -> str:
+    if view.alerts is None:
+        return _section("Alerts", '<p class="note muted">Alerting is off on this agent '
+                                  "(<code>alerting.enabled</code>).</p>")
+    if not view.alerts:
+        return _section("Alerts", '<p class="note ok">No alert is pending or firing.</p>')
+    ordered = sorted(view.alerts, key=lambda a: (a.state != "firing", a.gpu, a.name))
+    rows = []
+    for alert in ordered:
+        since = alert.firing_since if alert.state == "firing" and alert.firing_since else alert.active_since
+        state = _e(alert.state)
+        rows.append(
+            f'<tr class="alert {state}"><td><span class="badge {state}">{state}</span></td>'
+            f"<td><b>{_e(alert.name)}</b></td><td class=\"num\">{alert.gpu}</td>"
+            f'<td>{_e(alert.severity)}</td><td class="nowrap">{_duration(max(0.0, view.now - since))}</td>'
+            f"<td>{_e(alert.summary)}</td></tr>")
+    firing = sum(1 for a in view.alerts if a.state == "firing")
+    title = f"Alerts: {firing} firing, {len(view.alerts) - firing} pending"
+    return _section(title, _table(("State", "Alert", "GPU", "Severity", "For", "Summary"), rows), "alerts")
+
+
+def _gpus_section(view: StatusView, snapshot: Snapshot) -> str:
+    if not snapshot.gpus:
+        return _section("GPUs", '<p class="note muted">NVML lists no GPU.</p>')
+    alerts_by_gpu: dict[int, list[Alert]] = {}
+    for alert in view.alerts or ():
+        alerts_by_gpu.setdefault(alert.gpu, []).append(alert)
+    rows = []
+    for gpu in snapshot.gpus:
+        series = view.history(gpu.index, gpu.uuid)
+        state = '<span class="badge up">up</span>' if gpu.up else '<span class="badge down">down</span>'
+        badges = " ".join(f'<span class="badge {_e(a.state)}" title="{_e(a.summary)}">{_e(a.name)}</span>'
+                          for a in sorted(alerts_by_gpu.get(gpu.index, ()), key=lambda a: a.name))
+        if gpu.up:
+            cells = (f'<td><div class="util"><span class="num">{_percent(gpu.utilization_ratio)}</span>'
+                     f"{_sparkline(series, view.history_points)}</div></td>"
+                     f'<td class="num">{_memory(gpu)}</td><td class="num">{_power(gpu)}</td>'
+                     f'<td class="num">{_temperature(gpu.temperature_celsius)}</td>'
+                     f'<td class="num">{len(gpu.processes)}</td>')
+        else:
+            cells = '<td colspan="5" class="muted">not readable this tick</td>'
+        mig = ' <span class="muted">(MIG)</span>' if gpu.mig_enabled else ""
+        name = f'<span title="{_e(gpu.uuid)} at PCI {_e(gpu.pci_bus_id)}">{_e(gpu.name)}</span>{mig}'
+        rows.append(f'<tr class="gpu" id="gpu-{gpu.index}"><td class="num"><b>{gpu.index}</b></td>'
+                    f'<td class="nowrap">{name}</td><td>{state}</td>{cells}<td>{badges or _NONE}</td></tr>')
+    span = _history_span(view, snapshot)
+    headings = ("GPU", "Name", "State", f"Utilization, {span}", "Memory used / total",
+                "Power / limit", "Temp.", "Proc.", "Alerts")
+    return _section("GPUs", _table(headings, rows), "gpus")
+
+
+def _processes_section(view: StatusView, snapshot: Snapshot) -> str:
+    if not view.include_processes:
+        return _section("Processes", '<p class="note muted">Process details are not shown on this agent '
+                                     "(<code>processes.export: false</code>).</p>")
+    rows = []
+    for gpu in snapshot.gpus:
+        pod = _pod_cells(gpu.pods)
+        seen: set[int] = set()  # NVML lists a process with a compute and a graphics context twice
+        for process in gpu.processes:
+            if process.pid in seen:
+                continue
+            seen.add(process.pid)
+            rows.append(_process_row(view, gpu, process, pod))
+    if not rows:
+        return _section("Processes", '<p class="note muted">No process holds a GPU.</p>')
+    headings = ["GPU", "PID", "Process"]
+    if view.include_users:
+        headings.append("User")
+    headings += ["Memory", "SM", "Pod", "Namespace", "Container"]
+    return _section("Processes", _table(headings, rows), "processes")
+
+
+def _process_row(view: StatusView, gpu: GpuReading, process: ProcessReading,
+                 pod: tuple[str, str, str]) -> str:
+    if process.host_visible:
+        name = _e(process.name) if process.name else _NONE
+    else:
+        name = '<span class="muted">not visible from the host</span>'
+    cells = [f'<td class="num">{gpu.index}</td>', f'<td class="num">{process.pid}</td>',
+             f'<td class="pname">{name}</td>']
+    if view.include_users:
+        cells.append(f"<td>{_e(process.user) if process.user and process.host_visible else _NONE}</td>")
+    pod_name, namespace, container = pod
+    if not container and process.container_id and process.host_visible:
+        # No pod to name it: the container runtime's id, shortened as `docker ps` shows it.
+        short = _e(process.container_id[:12])
+        container = f'<span class="mono" title="{_e(process.container_id)}">{short}</span>'
+    cells += [
+        f'<td class="num">{_bytes(process.memory_used_bytes)}</td>',
+        f'<td class="num">{_percent(process.sm_utilization_ratio)}</td>',
+        f"<td>{pod_name or _NONE}</td>", f"<td>{namespace or _NONE}</td>", f"<td>{container or _NONE}</td>",
+    ]
+    return f'<tr class="process">{"".join(cells)}</tr>'
+
+
+def _pod_cells(pods: tuple[PodContainer, ...]) -> tuple[str, str, str]:
+    """(pod, namespace, container) cells, escaped, for the processes of a GPU the kubelet allocated to
+    ``pods``. A GPU time-sliced between pods: the kubelet cannot say which process is whose, so the
+    page names the candidates, as such."""
+    if not pods:
+        return "", "", ""
+    namespaces = sorted({p.namespace for p in pods})
+    namespace = ", ".join(_e(n) for n in namespaces)
+    names = sorted({p.pod for p in pods})
+    if len(names) > 1:
+        return f'<span class="muted">one of</span> {", ".join(_e(n) for n in names)}', namespace, ""
+    container = _e(pods[0].container) if len(pods) == 1 else ""
+    return _e(names[0]), namespace, container
+
+
+def _captures_section(view: StatusView) -> str:
+    if view.captures is None:
+        return _section("Recent captures", '<p class="note muted">Captures are off on this agent '
+                                           "(<code>capture.enabled</code>).</p>")
+    listing = f'<a href="{CAPTURES_PATH}">all as JSON</a>'
+    if not view.captures:
+        return _section("Recent captures", f'<p class="note muted">No capture is stored. ({listing})</p>')
+    rows = []
+    for record in view.captures[:RECENT_CAPTURES]:
+        capture_id = _e(record.id)
+        if view.downloads:
+            capture_id = (f'<a href="{CAPTURES_PATH}/{capture_id}" download="{capture_id}.tar">'
+                          f"{capture_id}</a>")
+        error = ""
+        if record.error:
+            clipped = record.error[:_MAX_ERROR_CHARS] + ("…" if len(record.error) > _MAX_ERROR_CHARS else "")
+            error = f'<div class="muted small">{_e(clipped)}</div>'
+        rows.append(
+            f'<tr class="capture"><td class="mono nowrap">{capture_id}</td>'
+            f'<td class="num">{_NONE if record.gpu is None else record.gpu}</td>'
+            f'<td class="nowrap">{_trigger(record)}</td>'
+            f'<td><span class="outcome {_e(record.outcome)}">{_e(record.outcome)}</span>{error}</td>'
+            f'<td class="nowrap">{_clock(record.start)}</td>'
+            f'<td class="num">{_duration(record.duration_s)}</td>'
+            f'<td class="num">{format_size(record.bytes)}</td></tr>')
+    note = "" if view.downloads else (
+        '<p class="note muted small">Downloads over HTTP need authentication (<code>basic_auth_users</code> '
+        "or required client certificates in the web configuration file); "
+        "<code>gpuscope captures get ID</code> fetches a capture over the control API.</p>")
+    shown = min(len(view.captures), RECENT_CAPTURES)
+    title = f"Recent captures (newest {shown} of {len(view.captures)}; {listing})"
+    headings = ("ID", "GPU", "Trigger", "Outcome", "Started", "Length", "Size")
+    return _section(title, _table(headings, rows) + note, "captures")
+
+
+def _footer(view: StatusView) -> str:
+    links = (("/metrics", "metrics"), ("/api/v1/snapshot", "snapshot (JSON)"),
+             ("/api/v1/alerts", "alerts (JSON)"), (CAPTURES_PATH, "captures (JSON)"),
+             ("/-/healthy", "liveness"), ("/-/ready", "readiness"))
+    anchors = " &middot; ".join(f'<a href="{path}">{label}</a>' for path, label in links)
+    return (f"<footer>{anchors}<br>gpuscope {_e(view.version)} &middot; this page reloads every "
+            f"{REFRESH_SECONDS} s</footer>\n")
+
+
+# -- pieces --------------------------------------------------------------------------------------------
+
+
+def _section(title: str, body: str, anchor: str = "") -> str:
+    ident = f' id="{anchor}"' if anchor else ""
+    return f"<section{ident}><h2>{title}</h2>\n{body}\n</section>\n"
+
+
+def _table(headings: Iterable[str], rows: Iterable[str]) -> str:
+    head = "".join(f"<th>{h}</th>" for h in headings)
+    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>"
+
+
+def _sparkline(series: UtilizationSeries, slots: int) -> str:
+    """Utilization 0-100 % as an inline SVG polyline, newest at the right edge; gaps where unread."""
+    values = series.values[-slots:]
+    step = _SPARK_WIDTH / max(1, slots - 1)
+    offset = _SPARK_WIDTH - (len(values) - 1) * step
+    runs: list[list[str]] = [[]]
+    for i, value in enumerate(values):
+        if value is None or not math.isfinite(value):
+            runs.append([])
+            continue
+        y = _SPARK_HEIGHT - 1 - min(1.0, max(0.0, value)) * (_SPARK_HEIGHT - 2)
+        runs[-1].append(f"{offset + i * step:.1f},{y:.1f}")
+    lines = "".join(f'<polyline points="{" ".join(run)}"/>' for run in runs if len(run) > 1)
+    dots = "".join(f'<circle cx="{run[0].split(",")[0]}" cy="{run[0].split(",")[1]}" r="1.2"/>'
+                   for run in runs if len(run) == 1)
+    return (f'<svg class="spark" width="{_SPARK_WIDTH}" height="{_SPARK_HEIGHT}" '
+            f'viewBox="0 0 {_SPARK_WIDTH} {_SPARK_HEIGHT}" role="img" aria-label="utilization history">'
+            f'<rect width="{_SPARK_WIDTH}" height="{_SPARK_HEIGHT}"/>{lines}{dots}</svg>')
+
+
+def _history_span(view: StatusView, snapshot: Snapshot) -> str:
+    """How much time the sparklines cover when full, e.g. "last 60 s"."""
+    return f"last {_duration(view.history_points * snapshot.interval_seconds)}"
+
+
+def _trigger(record: CaptureRecord) -> str:
+    trigger = record.trigger
+    detail = trigger.alertname or trigger.user
+    return _e(trigger.kind) + (f' <span class="muted">{_e(detail)}</span>' if detail else "")
+
+
+def _memory(gpu: GpuReading) -> str:
+    used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
+    if used is None:
+        return _NONE
+    text = f"{format_size(used)} / {format_size(total)}" if total else format_size(used)
+    if total:
+        text += f' <span class="muted">({used / total:.0%})</span>'
+    return text
+
+
+def _power(gpu: GpuReading) -> str:
+    if gpu.power_watts is None or not math.isfinite(gpu.power_watts):
+        return _NONE
+    limit = gpu.power_limit_watts
+    if limit is None or not math.isfinite(limit):
+        return f"{gpu.power_watts:.0f} W"
+    return f"{gpu.power_watts:.0f} W / {limit:.0f} W"
+
+
+def _temperature(celsius: float | None) -> str:
+    return _NONE if celsius is None or not math.isfinite(celsius) else f"{celsius:.0f} &deg;C"
+
+
+def _percent(ratio: float | None) -> str:
+    return _NONE if ratio is None or not math.isfinite(ratio) else f"{ratio:.0%}"
+
+
+def _bytes(size: int | None) -> str:
+    return _NONE if size is None else format_size(size)
+
+
+def _duration(seconds: float) -> str:
+    """A short human duration: 400 ms, 12 s, 3 min 5 s, 2 h 10 min."""
+    if not math.isfinite(seconds):
+        return "?"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.0f} s" if seconds >= 10 or seconds == int(seconds) else f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+def _clock(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(timestamp)) if math.isfinite(timestamp) else "?"
+
+
+def _e(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+_CSS = """
+*{box-sizing:border-box}
+body{margin:0;background:#f3f4f6;color:#1f2328;
+ font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Liberation Sans","DejaVu Sans",Arial,sans-serif}
+header{background:#1f2937;color:#f9fafb;padding:12px 24px;display:flex;flex-wrap:wrap;gap:6px 18px;
+ align-items:baseline}
+header h1{font-size:22px;margin:0;font-weight:650}
+header .sub{color:#d1d5db}
+header .right{margin-left:auto}
+.banner{padding:10px 24px;font-weight:600;font-size:15px}
+.banner.sim{background:#fef3c7;color:#713f12;border-bottom:3px solid #f59e0b}
+.banner.bad{background:#fee2e2;color:#7f1d1d;border-bottom:3px solid #dc2626}
+main{padding:4px 24px 16px}
+section{background:#fff;border:1px solid #d1d5db;border-radius:8px;margin:14px 0;overflow-x:auto}
+h2{font-size:15px;margin:0;padding:9px 14px;background:#f9fafb;border-bottom:1px solid #e5e7eb}
+h2 a{font-weight:400;font-size:13px}
+table{border-collapse:collapse;width:100%}
+th,td{text-align:left;padding:6px 12px;border-bottom:1px solid #eef0f3;vertical-align:middle}
+tbody tr:last-child td{border-bottom:0}
+th{font-size:12px;color:#4b5563;font-weight:600;white-space:nowrap}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr.alert.firing td{background:#fff5f5}
+.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:700;
+ white-space:nowrap;margin:1px 0}
+.badge.firing,.badge.down{background:#dc2626;color:#fff}
+.badge.pending{background:#fcd34d;color:#422006}
+.badge.up{background:#16a34a;color:#fff}
+.outcome{font-weight:600}
+.outcome.captured{color:#15803d}
+.outcome.failed,.outcome.unreachable{color:#b91c1c}
+.nowrap{white-space:nowrap}
+.banner code{font-size:inherit}
+.muted{color:#6b7280}
+.small{font-size:12px}
+.ok{color:#15803d}
+p.note{padding:10px 14px;margin:0}
+code,.mono{font-family:ui-monospace,"SFMono-Regular","DejaVu Sans Mono","Liberation Mono",Menlo,Consolas,
+ monospace;font-size:12px}
+.pname{font-weight:600;word-break:break-all}
+.util{display:flex;align-items:center;gap:10px}
+.util .num{min-width:3.2em;text-align:right;font-variant-numeric:tabular-nums}
+svg.spark{display:block}
+svg.spark rect{fill:#eff6ff;stroke:#dbeafe}
+svg.spark polyline{fill:none;stroke:#2563eb;stroke-width:1.5;stroke-linejoin:round}
+svg.spark circle{fill:#2563eb}
+a{color:#1d4ed8}
+footer{padding:4px 24px 24px;color:#6b7280;font-size:13px}
+"""

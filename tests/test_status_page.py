@@ -1,0 +1,496 @@
+"""The status page at / and the capture endpoints: served for real on 127.0.0.1, then the whole agent
+on the simulated `demo` node rendered by a real headless Chromium (screenshot and DOM)."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import io
+import json
+import os
+import re
+import shutil
+import ssl
+import struct
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import pytest
+from agent_process import run_agent
+from pki import make_pki
+from prometheus_client import CollectorRegistry
+from snapshots import FakeSource, make_gpu, make_gpus, make_process, make_snapshot
+
+from gpuscope.alerts.model import Alert, AlertState, TransitionState
+from gpuscope.capture.model import CaptureRecord, CaptureTarget, TargetOutcome, Trigger
+from gpuscope.capture.store import CaptureStore
+from gpuscope.snapshot import PodContainer, Snapshot
+from gpuscope.web.capture_download import capture_archive
+from gpuscope.web.server import AgentHttpServer
+from gpuscope.web.status_page import RECENT_CAPTURES
+from gpuscope.web.utilization_history import UtilizationHistory
+from gpuscope.web.web_config import WebConfigWatcher
+
+PASSWORD = "status page password"
+USER = ("operator", PASSWORD)
+HOSTILE = "<script>alert(1)</script>"
+T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+
+
+@dataclass
+class FakeAlerts:
+    current: list[Alert] = field(default_factory=list)
+
+    def alerts(self) -> list[Alert]:
+        return list(self.current)
+
+    def transition_counts(self) -> Mapping[tuple[str, TransitionState], int]:
+        return {}
+
+
+def make_alert(name: str, gpu: int, state: AlertState, summary: str) -> Alert:
+    now = time.time()
+    return Alert(name=name, gpu=gpu, uuid=f"GPU-{gpu}", severity="warning", state=state,
+                 hostname="gpu-node-07", active_since=now - 90,
+                 firing_since=now - 30 if state == "firing" else None, values={}, summary=summary)
+
+
+def add_capture(store: CaptureStore, *, gpu: int, trace: bytes, alertname: str = "GpuFrequentIdleDips",
+                error: str | None = None) -> CaptureRecord:
+    staging = store.begin(gpu=gpu)
+    with staging.new_file("node-1", ".xplane.pb", folders=("plugins", "profile", staging.run)) as new:
+        new.file.write(trace)
+        relative = new.publish()
+    target = CaptureTarget("tsl", 4242, "127.0.0.1:6009", "port 6009 of pid 4242")
+    record = CaptureRecord(id=staging.id, trigger=Trigger("alert", alertname=alertname), gpu=gpu,
+                           pids=(4242,), targets=(TargetOutcome(target, "captured", (relative,)),),
+                           start=staging.begun, duration_s=2.0, bytes=0, outcome="captured", error=error,
+                           hostname="node-1")
+    return store.commit(staging, record)
+
+
+@dataclass
+class Served:
+    server: AgentHttpServer
+    source: FakeSource
+    alerts: FakeAlerts
+    history: UtilizationHistory
+    store: CaptureStore | None
+
+    def captures(self) -> CaptureStore:
+        assert self.store is not None
+        return self.store
+
+    def request(self, path: str, *, user: tuple[str, str] | None = None, method: str = "GET",
+                ) -> tuple[int, dict[str, str], bytes]:
+        host, port = self.server.bound_address
+        headers = {}
+        if user is not None:
+            headers["Authorization"] = "Basic " + base64.b64encode(f"{user[0]}:{user[1]}".encode()).decode()
+        connection = http.client.HTTPConnection(host, port, timeout=10)
+        try:
+            connection.request(method, path, headers=headers)
+            response = connection.getresponse()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        finally:
+            connection.close()
+
+    def page(self, user: tuple[str, str] | None = None) -> str:
+        status, headers, body = self.request("/", user=user)
+        assert status == 200, body
+        assert headers["content-type"] == "text/html; charset=utf-8"
+        return body.decode()
+
+
+def demo_like_snapshot(**overrides: Any) -> Snapshot:
+    """Four GPUs: two with pods, GPU 2 time-sliced between two pods, GPU 3 down."""
+    gpus = list(make_gpus(4))
+    gpus[0] = replace(gpus[0], processes=(make_process(1001, name="train-rank0", user="alice"),),
+                      pods=(PodContainer("research", "llm-pretrain-0", "trainer"),))
+    gpus[2] = replace(gpus[2], processes=(make_process(1201, name="train-rank2", user="alice"),
+                                          make_process(1202, name="eval-job", user="bob")),
+                      pods=(PodContainer("research", "eval-nightly", "eval"),
+                            PodContainer("research", "llm-pretrain-2", "trainer")))
+    gpus[3] = make_gpu(3, up=False, processes=())
+    return make_snapshot(gpus=gpus, timestamp=time.time() - 0.5, **overrides)
+
+
+@contextmanager
+def serving(tmp_path: Path, *, snapshot: Snapshot | None = None, web_yml: str | None = None,
+            captures: bool = True, alerting: bool = True, **options: Any) -> Iterator[Served]:
+    config = None
+    if web_yml is not None:
+        config = tmp_path / "web.yml"
+        config.write_text(web_yml)
+    source = FakeSource(snapshot if snapshot is not None else demo_like_snapshot())
+    alerts = FakeAlerts()
+    history = UtilizationHistory()
+    store = CaptureStore(tmp_path / "captures", quota_bytes=1 << 24) if captures else None
+    server = AgentHttpServer("127.0.0.1:0", registry=CollectorRegistry(), source=source,
+                             alerts=alerts if alerting else None, web_config=WebConfigWatcher(config),
+                             captures=store, history=history, **options)
+    server.start()
+    try:
+        yield Served(server, source, alerts, history, store)
+    finally:
+        server.stop()
+        if store is not None:
+            store.close()
+
+
+def basic_auth_yml() -> str:
+    return f"basic_auth_users:\n  {USER[0]}: {bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()}\n"
+
+
+# -- what the page shows ----------------------------------------------------------------------------------
+
+
+def test_the_page_shows_gpus_processes_alerts_captures_and_the_simulation(tmp_path: Path) -> None:
+    with serving(tmp_path, simulated="demo") as served:
+        served.alerts.current = [
+            make_alert("GpuSharedByProcesses", 2, "firing", "GPU 2 is shared by 2 compute processes"),
+            make_alert("GpuFrequentIdleDips", 1, "pending", "GPU 1 dips to idle 51 times a minute"),
+        ]
+        store = served.captures()
+        for gpu in (1, 3):
+            add_capture(store, gpu=gpu, trace=b"x" * 100, error="target answered late" if gpu == 3 else None)
+        page = served.page()
+    assert '<meta http-equiv="refresh" content="5">' in page
+    assert 'id="simulated"' in page and "SIMULATED NODE" in page and "<code>demo</code>" in page
+    assert "gpu-node-07" in page
+    for index in range(4):
+        assert f'id="gpu-{index}"' in page
+    assert page.count('<tr class="gpu"') == 4
+    assert '<span class="badge down">down</span>' in page  # GPU 3
+    assert "79.6 GiB" in page and "512 W / 700 W" in page
+    # Alerts: firing first, with their summaries, near the top (before the GPUs).
+    assert page.index("GPU 2 is shared by 2 compute processes") < page.index("GPU 1 dips to idle 51 times")
+    assert page.index('id="alerts"') < page.index('id="gpus"') < page.index('id="processes"')
+    assert "1 firing, 1 pending" in page
+    # Processes, with the pods the kubelet allocated (a time-sliced GPU names its candidates).
+    for shown in ("train-rank0", "train-rank2", "eval-job", "alice", "bob", "1201", "llm-pretrain-0",
+                  "trainer"):
+        assert shown in page, shown
+    assert "one of</span> eval-nightly, llm-pretrain-2" in page
+    # Captures, newest first; no download links without authentication.
+    assert page.count('<tr class="capture"') == 2
+    assert "GpuFrequentIdleDips" in page and "target answered late" in page
+    assert 'href="/api/v1/captures/' not in page
+    assert "Downloads over HTTP need authentication" in page
+
+
+def test_a_real_node_has_no_simulation_banner(tmp_path: Path) -> None:
+    with serving(tmp_path) as served:
+        page = served.page()
+    assert "SIMULATED" not in page and 'id="simulated"' not in page
+
+
+def test_hostile_names_are_escaped(tmp_path: Path) -> None:
+    gpu = make_gpu(0, name=HOSTILE, processes=(make_process(66, name=HOSTILE, user='"><img src=x>'),),
+                   pods=(PodContainer("ns<blink>", "pod<marquee>", "c&c"),))
+    with serving(tmp_path, snapshot=make_snapshot(gpus=[gpu], hostname="<h1>node</h1>"),
+                 simulated="<svg onload=x>") as served:
+        served.alerts.current = [make_alert("GpuX", 0, "firing", f"summary {HOSTILE}")]
+        store = served.captures()
+        add_capture(store, gpu=0, trace=b"t", alertname=HOSTILE, error=HOSTILE)
+        status, headers, body = served.request("/")
+    page = body.decode()
+    assert status == 200
+    for raw in (HOSTILE, "<img src=x>", "<blink>", "<marquee>", "<h1>node", "<svg onload"):
+        assert raw not in page, raw
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "&quot;&gt;&lt;img src=x&gt;" in page and "pod&lt;marquee&gt;" in page and "c&amp;c" in page
+    assert "<script" not in page.lower()
+    # Defence in depth: the page may run no script and load nothing at all.
+    assert "default-src 'none'" in headers["content-security-policy"]
+
+
+def test_processes_hidden_when_export_is_off(tmp_path: Path) -> None:
+    with serving(tmp_path, include_processes=False) as served:
+        store = served.captures()
+        add_capture(store, gpu=0, trace=b"t")
+        page = served.page()
+        listing = json.loads(served.request("/api/v1/captures")[2])
+    for hidden in ("train-rank0", "eval-job", "alice", "bob", "1001", "llm-pretrain-0", 'class="process"'):
+        assert hidden not in page, hidden
+    assert "processes.export: false" in page
+    assert page.count('<tr class="gpu"') == 4  # the per-GPU readings stay
+    (entry,) = listing["captures"]
+    assert "pids" not in entry and "targets" not in entry and "4242" not in json.dumps(entry)
+
+
+def test_users_hidden_when_user_lookup_is_off(tmp_path: Path) -> None:
+    with serving(tmp_path, include_users=False) as served:
+        page = served.page()
+    assert "train-rank0" in page
+    assert "alice" not in page and "bob" not in page and "<th>User</th>" not in page
+
+
+def test_sparklines_come_from_the_history(tmp_path: Path) -> None:
+    with serving(tmp_path) as served:
+        base = demo_like_snapshot()
+        for tick, level in enumerate((0.1, 0.9, 0.5, 0.0, 1.0)):
+            gpus = [replace(g, utilization_ratio=level) if g.index == 0 else g for g in base.gpus]
+            served.history.observe(replace(base, gpus=tuple(gpus), monotonic=100.0 + tick))
+        page = served.page()
+    row = re.search(r'<tr class="gpu" id="gpu-0">.*?</tr>', page, re.S)
+    assert row is not None
+    points = re.findall(r'<polyline points="([^"]+)"', row.group(0))
+    assert len(points) == 1 and len(points[0].split()) == 5
+    ys = [float(p.split(",")[1]) for p in points[0].split()]
+    assert ys[4] < ys[1] < ys[2] < ys[0] < ys[3]  # SVG y grows downwards: 100 % is the top
+    assert "Utilization, last 1 min" in page
+    gpu3 = re.search(r'<tr class="gpu" id="gpu-3">.*?</tr>', page, re.S)
+    assert gpu3 is not None and "not readable" in gpu3.group(0)
+
+
+def test_the_history_is_a_bounded_ring_per_gpu() -> None:
+    history = UtilizationHistory(points=3)
+    snapshot = make_snapshot(gpus=make_gpus(2))
+    for tick in range(10):
+        history.observe(replace(snapshot, monotonic=float(tick)))
+    series = history.series(0, snapshot.gpus[0].uuid)
+    assert len(series.values) == 3 and series.span_seconds == 2.0
+    assert history.series(0, "GPU-other").values == ()  # another GPU at index 0 has no past here
+    history.observe(replace(snapshot, gpus=snapshot.gpus[1:], monotonic=10.0))
+    assert history.series(0, snapshot.gpus[0].uuid).values == ()  # gone from NVML: forgotten
+
+
+def test_before_the_first_tick_and_with_everything_off(tmp_path: Path) -> None:
+    with serving(tmp_path, captures=False, alerting=False) as served:
+        served.source.snapshot = None
+        page = served.page()
+    assert "No snapshot yet" in page
+    assert "Captures are off" in page
+    with serving(tmp_path, captures=False, alerting=False) as served:
+        page = served.page()
+        assert "Alerting is off" in page and "Captures are off" in page
+        assert json.loads(served.request("/api/v1/captures")[2]) == {"enabled": False, "downloads": False,
+                                                                     "captures": []}
+        assert served.request("/api/v1/captures/20231114T221320Z-gpu0-abcdef")[0] == 404
+
+
+def test_banners_for_a_stale_snapshot_and_no_nvml(tmp_path: Path) -> None:
+    snapshot = make_snapshot(gpus=[], nvml_up=False, timestamp=time.time() - 42)
+    with serving(tmp_path, snapshot=snapshot) as served:
+        served.source.stale = True
+        page = served.page()
+    assert "NVML is not available" in page
+    assert "The latest snapshot is 42 s old" in page
+    assert "NVML lists no GPU" in page
+
+
+def test_at_most_ten_recent_captures(tmp_path: Path) -> None:
+    with serving(tmp_path) as served:
+        store = served.captures()
+        records = [add_capture(store, gpu=0, trace=b"t") for _ in range(RECENT_CAPTURES + 2)]
+        page = served.page()
+        listing = json.loads(served.request("/api/v1/captures")[2])
+        assert served.request("/api/v1/captures?limit=0")[0] == 400
+        assert served.request("/api/v1/captures?limit=abc")[0] == 400
+        assert len(json.loads(served.request("/api/v1/captures?limit=3")[2])["captures"]) == 3
+    assert page.count('<tr class="capture"') == RECENT_CAPTURES
+    newest = sorted(records, key=lambda r: (r.start, r.id), reverse=True)
+    assert [c["id"] for c in listing["captures"]] == [r.id for r in newest]
+    assert f"newest {RECENT_CAPTURES} of {RECENT_CAPTURES + 2}" in page
+
+
+# -- protection and downloads ---------------------------------------------------------------------------
+
+
+def test_basic_auth_protects_the_page_and_the_capture_endpoints(tmp_path: Path) -> None:
+    with serving(tmp_path, web_yml=basic_auth_yml()) as served:
+        for path in ("/", "/api/v1/captures", "/api/v1/captures/20231114T221320Z-gpu0-abcdef"):
+            for user in (None, (USER[0], "wrong")):
+                status, headers, body = served.request(path, user=user)
+                assert status == 401, (path, user)
+                assert b"gpu-node-07" not in body
+                assert headers["www-authenticate"] == 'Basic realm="gpuscope"'
+        assert "gpu-node-07" in served.page(user=USER)
+        assert served.request("/-/healthy")[0] == 200  # the probes stay open
+
+
+def test_downloads_need_an_authenticating_web_configuration(tmp_path: Path) -> None:
+    with serving(tmp_path) as served:
+        store = served.captures()
+        record = add_capture(store, gpu=0, trace=b"trace")
+        status, _, body = served.request(f"/api/v1/captures/{record.id}")
+        listing = json.loads(served.request("/api/v1/captures")[2])
+    assert status == 403 and b"basic_auth_users" in body
+    assert listing["downloads"] is False and listing["captures"][0]["id"] == record.id
+
+
+def test_a_capture_downloads_as_a_tar_of_its_folder(tmp_path: Path) -> None:
+    trace = os.urandom(300_000)  # several chunks, not a multiple of the tar block
+    with serving(tmp_path, web_yml=basic_auth_yml()) as served:
+        store = served.captures()
+        record = add_capture(store, gpu=1, trace=trace)
+        page = served.page(user=USER)
+        status, headers, body = served.request(f"/api/v1/captures/{record.id}", user=USER)
+        head_status, head_headers, head_body = served.request(f"/api/v1/captures/{record.id}", user=USER,
+                                                              method="HEAD")
+    assert f'href="/api/v1/captures/{record.id}"' in page
+    assert status == 200, body
+    assert headers["content-type"] == "application/x-tar"
+    assert headers["content-disposition"] == f'attachment; filename="{record.id}.tar"'
+    assert int(headers["content-length"]) == len(body) and len(body) % tarfile.RECORDSIZE == 0
+    assert (head_status, head_headers["content-length"], head_body) == (200, headers["content-length"], b"")
+    with tarfile.open(fileobj=io.BytesIO(body)) as archive:
+        names = sorted(archive.getnames())
+        assert names == sorted(f"{record.id}/{f}" for f in (*record.files, "capture.json"))
+        trace_member = archive.extractfile(f"{record.id}/{record.files[0]}")
+        assert trace_member is not None and trace_member.read() == trace
+        stored = archive.extractfile(f"{record.id}/capture.json")
+        assert stored is not None and json.loads(stored.read())["id"] == record.id
+
+
+def test_a_capture_changed_while_it_is_sent_ends_the_download_short(tmp_path: Path) -> None:
+    with CaptureStore(tmp_path / "captures", quota_bytes=1 << 24) as store:
+        record = add_capture(store, gpu=0, trace=b"x" * 5000)
+        archive = capture_archive(store, record.id)
+        assert len(b"".join(archive.chunks())) == archive.length
+        (store.path(record.id) / record.files[0]).write_bytes(b"MODIFIED")  # not the file that was listed
+        sent = b"".join(archive.chunks())
+    assert len(sent) < archive.length and b"MODIFIED" not in sent
+
+
+def test_over_tls_with_required_client_certificates(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    yml = (f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+           f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki.ca}\n")
+    with serving(tmp_path, web_yml=yml) as served:
+        record = add_capture(served.captures(), gpu=0, trace=b"trace over TLS")
+        port = served.server.bound_address[1]
+        client = ssl.create_default_context(cafile=str(pki.ca))
+        client.load_cert_chain(pki.client_cert, pki.client_key)
+        connection = http.client.HTTPSConnection("localhost", port, context=client, timeout=10)
+        try:
+            connection.request("GET", "/")
+            page = connection.getresponse().read().decode()
+            connection.request("GET", f"/api/v1/captures/{record.id}")
+            response = connection.getresponse()
+            status, body = response.status, response.read()
+        finally:
+            connection.close()
+        anonymous = http.client.HTTPSConnection("localhost", port, timeout=10,
+                                                context=ssl.create_default_context(cafile=str(pki.ca)))
+        with pytest.raises((ssl.SSLError, ConnectionError)):  # no certificate, no page
+            anonymous.request("GET", "/")
+            anonymous.getresponse().read()
+        anonymous.close()
+    assert "gpu-node-07" in page and f'href="/api/v1/captures/{record.id}"' in page
+    assert status == 200
+    with tarfile.open(fileobj=io.BytesIO(body)) as archive:
+        member = archive.extractfile(f"{record.id}/{record.files[0]}")
+        assert member is not None and member.read() == b"trace over TLS"
+
+
+@pytest.mark.parametrize("path, status", [
+    ("/api/v1/captures/", 400),
+    ("/api/v1/captures/..%2F..%2Fetc%2Fpasswd", 400),
+    ("/api/v1/captures/../../etc/passwd", 400),
+    ("/api/v1/captures/.lock", 400),
+    ("/api/v1/captures/20231114T221320Z-gpu0-abcdef/capture.json", 400),
+    ("/api/v1/captures/20231114T221320Z-gpu0-ABCDEF", 400),
+    ("/api/v1/captures/20231114T221320Z-gpu0-abcdef", 404),
+])
+def test_capture_ids_are_checked_before_any_path(tmp_path: Path, path: str, status: int) -> None:
+    with serving(tmp_path, web_yml=basic_auth_yml()) as served:
+        got, headers, body = served.request(path, user=USER)
+    assert got == status, body
+    assert headers["content-type"] == "application/json" and "error" in json.loads(body)
+
+
+def test_other_methods_on_the_capture_endpoints_are_405(tmp_path: Path) -> None:
+    with serving(tmp_path, web_yml=basic_auth_yml()) as served:
+        for path in ("/api/v1/captures", "/api/v1/captures/20231114T221320Z-gpu0-abcdef"):
+            status, headers, _ = served.request(path, user=USER, method="DELETE")
+            assert status == 405 and headers["allow"] == "GET, HEAD"
+
+
+# -- the whole agent in a real browser ---------------------------------------------------------------------
+
+# The demo node's GPU 2 is shared from the start and GPU 1 dips to idle every step: with short
+# windows both alerts fire within seconds instead of a minute.
+FAST_ALERTS = """\
+alerting:
+  rules:
+    GpuSharedByProcesses: {for: 2s}
+    GpuFrequentIdleDips: {window: 10s, for: 2s}
+"""
+BROWSER_TIMEOUT = 60
+
+
+def find_chromium() -> str:
+    """Debian's chromium (or the chromium-browser name other distributions use); a skip locally when
+    missing, a failure in CI (``CI`` set), where scripts/test.sh installs it."""
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path is not None:
+            return path
+    message = "chromium is not installed (apt-get install chromium)"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def wait_until_firing(get: Any, names: set[str], timeout: float = 45.0) -> None:
+    deadline = time.monotonic() + timeout
+    body = ""
+    while time.monotonic() < deadline:
+        status, body = get("/api/v1/alerts")
+        firing = {a["alertname"] for a in json.loads(body)["alerts"] if a["state"] == "firing"}
+        if status == 200 and names <= firing:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{sorted(names)} not all firing after {timeout} s; last /api/v1/alerts:\n{body}")
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return int(width), int(height)
+
+
+def test_headless_chromium_renders_the_demo_node(tmp_path: Path) -> None:
+    chromium = find_chromium()
+    config = tmp_path / "gpuscope.yaml"
+    config.write_text(FAST_ALERTS)
+    firing = {"GpuSharedByProcesses", "GpuFrequentIdleDips"}
+    with run_agent(tmp_path, "--simulate", "demo", "--config", str(config)) as agent:
+        wait_until_firing(agent.get, firing)
+        url = agent.base + "/"
+        browser = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                   f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1280,2000"]
+        screenshot = tmp_path / "status.png"
+        shot = subprocess.run([*browser, f"--screenshot={screenshot}", url], capture_output=True, text=True,
+                              timeout=BROWSER_TIMEOUT, check=False)
+        dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True,
+                             timeout=BROWSER_TIMEOUT, check=False)
+    assert shot.returncode == 0 and screenshot.exists(), shot.stderr[-3000:]
+    data = screenshot.read_bytes()
+    assert png_size(data) == (1280, 2000)
+    assert len(data) > 30_000, f"a {len(data)}-byte screenshot is too small to show the page"
+    assert dom.returncode == 0, dom.stderr[-3000:]
+    page = dom.stdout
+    assert "SIMULATED NODE" in page
+    assert len(re.findall(r'<tr class="gpu" id="gpu-\d"', page)) == 4
+    assert "NVIDIA H100" in page
+    alerts = re.search(r'<section id="alerts">.*?</section>', page, re.S)
+    assert alerts is not None, page[:3000]
+    for name in firing:
+        assert re.search(rf'<tr class="alert firing">.*?<b>{name}</b>', alerts.group(0)), name
+    for process in ("train-rank0", "train-rank1", "train-rank2", "eval-job", "train-rank3"):
+        assert process in page
+    assert "llm-pretrain-0" in page and "research" in page
+    assert page.count("<polyline") >= 4  # a sparkline per GPU, fed by the sampler since the start
+    if os.environ.get("STATUS_PAGE_SCREENSHOT"):  # keep it to look at
+        shutil.copy(screenshot, os.environ["STATUS_PAGE_SCREENSHOT"])
