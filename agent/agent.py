@@ -32,6 +32,7 @@ from gpuscope.health import SourceHealth
 from gpuscope.sampling import NodeSampling
 from gpuscope.systemd_notify import SystemdNotifier
 from gpuscope.web.server import AgentHttpServer
+from gpuscope.web.utilization_history import UtilizationHistory
 from gpuscope.web.web_config import WebConfigWatcher
 from gpuscope.web.webhook_auth import WebhookAuth
 
@@ -87,6 +88,10 @@ class Agent:
                 self.alerts.add_listener(self.event_log)
         self.captures: Captures | None = build_captures(settings.capture, snapshots=self.sampler,
                                                         hostname=self.hostname, health=self.health)
+        if self.simulation is not None and self.captures is not None:
+            # The simulated processes poll this agent's Kineto daemon, as PyTorch jobs would, so that
+            # captures can trace them (they start with the simulation, before the daemon: they retry).
+            self.simulation.kineto_daemon = self.captures.kineto.address
         # ConfigError (exit 2) when the web configuration file cannot be used.
         self.web_config = WebConfigWatcher(settings.web.config_file)
         self.webhook: WebhookReceiver | None = None
@@ -105,12 +110,19 @@ class Agent:
                 settings.control,
                 service=self.captures.service if self.captures is not None else None,
                 store=self.captures.store if self.captures is not None else None,
-                snapshots=self.sampler, alerts=self.alerts, hostname=self.hostname)
+                snapshots=self.sampler, alerts=self.alerts, hostname=self.hostname,
+                simulated=self.simulation.scenario.name if self.simulation is not None else None)
+        self.utilization_history = UtilizationHistory()  # the status page's sparklines
+        self.sampler.add_listener(self.utilization_history.observe)
         self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler,
                                     alerts=self.alerts, webhook=self.webhook,
                                     expected_gpus=settings.nvml.expected_gpus, health=self.health,
                                     max_requests=settings.web.max_requests, web_config=self.web_config,
-                                    webhook_auth=webhook_auth, include_processes=settings.processes.export)
+                                    webhook_auth=webhook_auth, include_processes=settings.processes.export,
+                                    include_users=settings.processes.user,
+                                    captures=self.captures.store if self.captures is not None else None,
+                                    history=self.utilization_history,
+                                    simulated=self.simulation.scenario.name if self.simulation else None)
         self.registry.register(WebCollector(self.http.rejections, self.web_config))
         self._stopped = False
 

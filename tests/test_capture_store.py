@@ -24,6 +24,7 @@ from gpuscope.capture.store import (
     CaptureQuotaError,
     CaptureStore,
     CaptureStoreError,
+    CaptureStoreInUseError,
     Staging,
 )
 
@@ -130,9 +131,12 @@ def test_list_is_newest_first_and_survives_a_restart(tmp_path: Path) -> None:
 
 
 def test_one_agent_per_store(tmp_path: Path) -> None:
+    # The lock file names its holder, so that a second agent can say whose the store is.
+    message = rf"in use by another gpuscope agent \(pid {os.getpid()}\); set capture.store.root"
     with CaptureStore(tmp_path, quota_bytes=1 << 20), \
-            pytest.raises(CaptureStoreError, match="in use by another gpuscope agent"):
+            pytest.raises(CaptureStoreInUseError, match=message) as in_use:
         CaptureStore(tmp_path, quota_bytes=1 << 20)
+    assert in_use.value.pid == os.getpid()
     CaptureStore(tmp_path, quota_bytes=1 << 20).close()  # released on close
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -10,11 +11,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from agent_process import run_agent
+from agent_process import free_port, run_agent
 
 
 def gpuscope(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -66,12 +68,89 @@ def test_scenarios_lists_the_bundled_scenarios() -> None:
         assert name in listed
 
 
+def test_scenarios_says_what_each_one_shows_on_one_line() -> None:
+    from gpuscope.simulate import bundled_scenarios, load_scenario
+
+    result = gpuscope("scenarios")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == bundled_scenarios()
+    for line, name in zip(lines, bundled_scenarios(), strict=True):
+        description = load_scenario(name).description
+        # Short enough to read in a list: one line each, not a paragraph.
+        assert description and "\n" not in description.strip(), name
+        assert len(description) <= 150, (name, description)
+        assert line.split(None, 1)[1] == description, line
+    as_json = gpuscope("scenarios", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == [{"name": name, "description": load_scenario(name).description}
+                                          for name in bundled_scenarios()]
+
+
+def _actions_without_help(parser: argparse.ArgumentParser, path: str) -> Iterator[str]:
+    for action in parser._actions:
+        if not action.help or action.help == argparse.SUPPRESS:
+            yield f"{path} {'/'.join(action.option_strings) or action.dest}"
+        if isinstance(action, argparse._SubParsersAction):
+            helped = {choice.dest for choice in action._choices_actions if choice.help}
+            for name, sub in action.choices.items():
+                if name not in helped:
+                    yield f"{path} {name} (the command)"
+                yield from _actions_without_help(sub, f"{path} {name}")
+
+
+def test_every_command_and_argument_has_help_text() -> None:
+    from gpuscope.cli.main import build_parser
+
+    parser = build_parser()
+    assert list(_actions_without_help(parser, "gpuscope")) == []
+    # The walk reaches every level: the commands, `config check`, `captures get`.
+    walked = [action.choices for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    assert {"run", "snapshot", "config", "scenarios", "capture", "captures"} <= set(walked[0])
+
+
+def test_snapshot_takes_its_log_level() -> None:
+    quiet = gpuscope("snapshot", "--simulate", "healthy", "--json")
+    loud = gpuscope("snapshot", "--simulate", "healthy", "--json", "--log-level", "debug")
+    assert quiet.returncode == loud.returncode == 0, loud.stderr
+    assert " DEBUG " not in quiet.stderr and " DEBUG " in loud.stderr
+
+
 def test_snapshot_table_shows_gpus_then_processes() -> None:
     result = gpuscope("snapshot", "--simulate", "shared-gpu")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.index("NAME") < out.index("PID")  # GPU table first, then processes
     assert "NVIDIA" in out and "compute" in out
+
+
+def test_snapshot_without_nvml_suggests_a_simulated_node(tmp_path: Path) -> None:
+    # This machine has no NVIDIA driver, and nothing listens where this command's settings look.
+    env = {**os.environ, "GPUSCOPE_WEB__LISTEN_ADDRESS": f"127.0.0.1:{free_port()}",
+           "GPUSCOPE_CONTROL__SOCKET": str(tmp_path / "none.sock")}
+    result = subprocess.run([sys.executable, "-m", "gpuscope", "snapshot"], capture_output=True, text=True,
+                            check=False, timeout=60, env=env)
+    assert result.returncode == 1
+    assert "NVML is not available" in result.stdout
+    assert "--simulate NAME" in result.stderr and "gpuscope scenarios" in result.stderr
+    assert "agent" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_snapshot_without_nvml_names_the_running_agents_snapshot(tmp_path: Path) -> None:
+    with run_agent(tmp_path, "--simulate", "healthy", "--sample-interval", "200ms") as agent:
+        env = {**os.environ, "GPUSCOPE_WEB__LISTEN_ADDRESS": f"127.0.0.1:{agent.port}",
+               "GPUSCOPE_CONTROL__SOCKET": str(tmp_path / "none.sock")}
+        by_http = subprocess.run([sys.executable, "-m", "gpuscope", "snapshot"], capture_output=True,
+                                 text=True, check=False, timeout=60, env=env)
+        env = {**os.environ, "GPUSCOPE_WEB__LISTEN_ADDRESS": f"127.0.0.1:{free_port()}",
+               "GPUSCOPE_CONTROL__SOCKET": str(tmp_path / f"control-{agent.port}.sock")}  # run_agent's
+        by_socket = subprocess.run([sys.executable, "-m", "gpuscope", "snapshot"], capture_output=True,
+                                   text=True, check=False, timeout=60, env=env)
+    assert by_http.returncode == 1 and "--simulate NAME" in by_http.stderr
+    assert f"its latest snapshot is at http://127.0.0.1:{agent.port}/api/v1/snapshot" in by_http.stderr
+    assert by_socket.returncode == 1 and "--simulate NAME" in by_socket.stderr
+    assert f"a gpuscope agent is running here (control socket {tmp_path}/control-{agent.port}.sock)" \
+        in by_socket.stderr
 
 
 def test_snapshot_json_is_the_snapshot() -> None:
@@ -105,6 +184,8 @@ def test_busy_port_is_a_clear_startup_error(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert str(port) in result.stderr and "Traceback" not in result.stderr
     assert result.stderr.count("cannot listen") == 1, result.stderr  # said once, not wrapped twice
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert "another gpuscope" in result.stderr and "--web.listen-address" in result.stderr  # what to do
 
 
 def test_sigterm_stops_cleanly_within_two_seconds_and_reaps_helpers(tmp_path: Path) -> None:
@@ -113,7 +194,7 @@ def test_sigterm_stops_cleanly_within_two_seconds_and_reaps_helpers(tmp_path: Pa
         helpers = [c for c in psutil.Process(agent.proc.pid).children() if c.is_running()]
         assert len(helpers) == 4  # the scenario's spawned processes
         agent.proc.send_signal(signal.SIGTERM)
-        # The contract: a clean stop within 2 s of SIGTERM.
+        # The documented contract (docs/deploy.md): a clean stop within 2 s of SIGTERM.
         assert agent.proc.wait(timeout=2.0) == 0
         _gone, alive = psutil.wait_procs(helpers, timeout=2.0)
         assert not alive

@@ -7,6 +7,9 @@ import argparse
 import contextlib
 import json
 import os
+import pty
+import re
+import select
 import subprocess
 import sys
 import time
@@ -14,11 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from pki import make_pki
 from test_control_api import (
     PROFILER,
     FakeBackend,
+    GatedBackend,
     Node,
     one_gpu_snapshot,
     running_node,
@@ -27,7 +32,10 @@ from test_control_api import (
     tree,
 )
 
+from gpuscope.capture.model import BackendResult, CaptureTarget, StagingArea
 from gpuscope.cli.capture import add_capture_commands, run_capture_command
+from gpuscope.control.errors import ControlError
+from gpuscope.snapshot import GpuReading, Snapshot
 
 RECORD_KEYS = {"id", "outcome", "gpu", "pids", "target", "files"}
 
@@ -45,8 +53,14 @@ def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     return code, out, err
 
 
+AGENT_LINE = re.compile(r"agent \S+ \((simulating \S+, )?pid \d+\) at \S+")  # which agent answers
+
+
 def one_line(err: str) -> str:
+    """The one line of an error (after the line saying which agent answered, if one did)."""
     lines = err.strip().splitlines()
+    if len(lines) > 1 and AGENT_LINE.fullmatch(lines[0]):
+        lines = lines[1:]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 
@@ -61,7 +75,10 @@ def test_capture_ls_get(node: Node, tmp_path: Path, capsys: pytest.CaptureFixtur
     sock = str(node.socket)
     code, out, err = cli(["capture", "--gpu", "0", "--duration", "2s", "--json", "--socket", sock], capsys)
     assert code == 0, err
+    # Which agent answers: the first line on stderr, and the node and address in the JSON.
+    assert err.splitlines()[0] == f"agent node (pid {os.getpid()}) at {sock}"
     record = json.loads(out)
+    assert (record["agent"], record["node"]) == (sock, "node")
     assert set(record) >= RECORD_KEYS
     assert record["outcome"] == "captured" and record["gpu"] == 0 and record["duration_s"] == 2.0
     assert record["target"] == f"tsl {PROFILER}" and record["files"]
@@ -71,10 +88,11 @@ def test_capture_ls_get(node: Node, tmp_path: Path, capsys: pytest.CaptureFixtur
     second = out.splitlines()[0].split()[0]
     assert "captured" in out and f"gpuscope captures get {second} -o DIR" in out
 
-    code, out, _ = cli(["captures", "ls", "--json", "--socket", sock], capsys)
-    assert code == 0
+    code, out, err = cli(["captures", "ls", "--json", "--socket", sock], capsys)
+    assert code == 0 and AGENT_LINE.fullmatch(err.strip())
     listed = json.loads(out)
     assert [r["id"] for r in listed] == [second, record["id"]]
+    assert {(r["agent"], r["node"]) for r in listed} == {(sock, "node")}
     assert all(set(r) >= RECORD_KEYS for r in listed)
     code, out, _ = cli(["captures", "ls", "--socket", sock], capsys)
     assert code == 0 and out.splitlines()[0].split()[:3] == ["ID", "STARTED", "(UTC)"]
@@ -215,3 +233,179 @@ def test_the_gpuscope_command(node: Node, tmp_path: Path) -> None:
                            str(tmp_path / "y")], capture_output=True, text=True, timeout=60, env=env,
                           check=False)
     assert done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+# -- a GPU the node lacks, captures that stored nothing, progress, viewers -----------------------------------
+
+NO_SUCH_PID = 4_194_305  # above Linux's largest pid_max: no process has it
+
+
+def error_line(err: str) -> str:
+    """The one error line on stderr (other lines, such as which agent answered, are not errors)."""
+    errors = [line for line in err.splitlines() if line.startswith("gpuscope: ")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+def four_gpu_snapshot() -> Snapshot:
+    gpus = tuple(GpuReading(index=i, uuid=f"GPU-fake-{i}", name="Fake GPU",
+                            pci_bus_id=f"00000000:0{i + 1}:00.0", up=True) for i in range(4))
+    return Snapshot(timestamp=time.time(), hostname="node", nvml_up=True, driver_version="1", gpus=gpus,
+                    sample_duration_seconds=0.01)
+
+
+def test_a_gpu_the_node_lacks_is_named_with_the_gpus_it_has(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with running_node(tmp_path, snapshot=four_gpu_snapshot()) as node:
+        sock = str(node.socket)
+        code, out, err = cli(["capture", "--gpu", "9", "--socket", sock], capsys)
+        assert code == 2 and out == ""
+        assert error_line(err) == f"gpuscope: {sock}: GPU 9 does not exist on node: its GPUs are 0, 1, 2, 3"
+        with node.client() as client, pytest.raises(ControlError) as caught:  # any client: the agent says it
+            client.capture(gpu=9)
+        assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        code, out, _ = cli(["capture", "--agents", sock, "--gpu", "9", "--lead", "0s"], capsys)
+        assert code == 1 and "GPU 9 does not exist on node" in out
+        code, _, err = cli(["capture", "--gpu", "3", "--duration", "100ms", "--socket", sock], capsys)
+        assert code == 0, err
+        assert len(node.backend.calls) == 1  # only GPU 3's capture ran
+    down = Snapshot(timestamp=time.time(), hostname="node", nvml_up=False, driver_version=None, gpus=(),
+                    sample_duration_seconds=0.01)
+    with running_node(tmp_path / "down", snapshot=down) as node:
+        code, _, err = cli(["capture", "--gpu", "0", "--socket", str(node.socket)], capsys)
+        assert code == 1 and "GPU 0: NVML is not available on node" in error_line(err)
+        assert node.backend.calls == []
+
+
+def test_a_capture_that_stored_nothing_prints_no_id_to_download(
+        node: Node, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sock = str(node.socket)
+    code, out, err = cli(["capture", "--pid", str(NO_SUCH_PID), "--socket", sock], capsys)
+    assert code == 1 and "Traceback" not in err, err
+    assert out.splitlines() == [out.strip()]  # one line, no "download: ..." hint
+    assert out.split()[:2] == ["-", "unreachable"] and "no profiling endpoint" in out
+    code, out, _ = cli(["capture", "--pid", str(NO_SUCH_PID), "--json", "--socket", sock], capsys)
+    record = json.loads(out)
+    assert record["outcome"] == "unreachable" and record["files"] == []
+    # Its id, from the JSON record or the agent's log: `captures get` says why there is nothing.
+    code, _, err = cli(["captures", "get", record["id"], "-o", str(tmp_path / "x"), "--socket", sock], capsys)
+    assert code == 1 and "only captures that reached a profiler are stored" in error_line(err)
+    assert not (tmp_path / "x").exists() or not any((tmp_path / "x").iterdir())
+
+
+def _read_terminal(fd: int, *, until: str | None = None, times: int = 1, timeout: float = 30.0) -> str:
+    """What the terminal shows: until ``until`` has appeared ``times`` times, or (None) until the other
+    side is closed."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while until is None or seen.decode(errors="replace").count(until) < times:
+        left = deadline - time.monotonic()
+        assert left > 0, f"{until!r} not shown: {seen!r}"
+        if not select.select([fd], [], [], left)[0]:
+            continue
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # EIO: every writer has closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    return seen.decode(errors="replace")
+
+
+def _capture_on_a_terminal(node: Node, *flags: str) -> tuple[subprocess.Popen[str], int]:
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuscope", "capture", *flags, "--socket",
+                             str(node.socket)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=terminal, text=True)
+    os.close(terminal)
+    return proc, controller
+
+
+def test_a_capture_shows_its_progress_on_a_terminal(tmp_path: Path) -> None:
+    backend = GatedBackend()
+    with running_node(tmp_path, backend=backend, snapshot=one_gpu_snapshot()) as node:
+        proc, controller = _capture_on_a_terminal(node, "--gpu", "0", "--duration", "2s")
+        try:
+            shown = _read_terminal(controller, until="\rcapturing GPU 0: ", times=2)  # drawn, then redrawn
+            backend.release.set()
+            out, _ = proc.communicate(timeout=60)
+            shown += _read_terminal(controller)
+        finally:
+            backend.release.set()
+            os.close(controller)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, shown
+    # Redrawn in place (each draw starts with \r) as the seconds pass, then erased before the record; on
+    # the last line of the terminal, after any message printed whole before the capture started.
+    drawn = re.fullmatch(r"((?:\rcapturing GPU 0: \d+s / 2s)+)\r( +)\r", shown.rsplit("\n", 1)[-1])
+    assert drawn, repr(shown)
+    seconds = [int(n) for n in re.findall(r"(\d+)s / 2s", drawn[1])]
+    assert seconds[0] == 0 and len(seconds) >= 2 and seconds == sorted(set(seconds)), seconds
+    assert len(drawn[2]) == len(f"capturing GPU 0: {seconds[-1]}s / 2s")
+    assert " captured " in out and "\r" not in out
+
+
+def test_no_progress_when_piped_or_with_json(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    proc, controller = _capture_on_a_terminal(node, "--gpu", "0", "--duration", "100ms", "--json")
+    try:
+        out, _ = proc.communicate(timeout=60)
+        shown = _read_terminal(controller)
+    finally:
+        os.close(controller)
+    assert proc.returncode == 0 and json.loads(out)["outcome"] == "captured"
+    assert "capturing" not in shown  # a terminal, but --json: the output is for a program
+    piped = subprocess.run([sys.executable, "-m", "gpuscope", "capture", "--gpu", "0", "--duration", "100ms",
+                            "--socket", str(node.socket)], capture_output=True, text=True, timeout=60,
+                           check=False)
+    assert piped.returncode == 0 and " captured " in piped.stdout
+    assert "capturing" not in piped.stderr and "\r" not in piped.stderr
+    code, _, err = cli(["capture", "--agents", str(node.socket), "--duration", "100ms", "--lead", "0s"],
+                       capsys)
+    assert code == 0 and "capturing" not in err
+
+
+class KinetoFakeBackend(FakeBackend):
+    """Writes what PyTorch's Kineto backend writes: a gzipped Chrome trace named *.pt.trace.json.gz."""
+
+    def capture(self, target: CaptureTarget, duration_s: float, staging: StagingArea, *,
+                deadline_s: float) -> BackendResult:
+        self.calls.append((time.time(), target.address, duration_s))
+        with staging.new_file("node_4242.1700000000000", ".pt.trace.json.gz") as new:
+            new.file.write(b"\x1f\x8b fake")
+            return BackendResult("captured", files=(new.publish(),))
+
+
+def test_captures_get_names_the_viewer_for_the_trace_format(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with running_node(tmp_path, backend=KinetoFakeBackend(), snapshot=one_gpu_snapshot()) as node:
+        sock = str(node.socket)
+        code, out, err = cli(["capture", "--gpu", "0", "--duration", "100ms", "--json", "--socket", sock],
+                             capsys)
+        assert code == 0, err
+        capture_id = json.loads(out)["id"]
+        code, out, err = cli(["captures", "get", capture_id, "-o", str(tmp_path / "dl"), "--socket", sock],
+                             capsys)
+    assert code == 0, err
+    trace = tmp_path / "dl" / "node_4242.1700000000000.pt.trace.json.gz"
+    assert trace.is_file()
+    assert f"open {trace} in https://ui.perfetto.dev (or chrome://tracing)" in out
+    assert "tensorboard" not in out
+
+
+def test_viewer_hints_per_format() -> None:
+    from gpuscope.cli.trace_viewers import viewer_hints
+
+    out = Path("/tmp/dl")
+    xspace = "plugins/profile/2025_01_01_00_00_00/node.xplane.pb"
+    assert viewer_hints([xspace, "capture.json"], out) == [
+        "view the XSpace trace: tensorboard --logdir /tmp/dl  (with the profile plugin: pip install "
+        "tensorboard-plugin-profile), or xprof --logdir=/tmp/dl"]
+    assert viewer_hints(["capture.json"], out) == []
+    many = [f"node_{pid}.1.pt.trace.json.gz" for pid in range(5)]
+    both = viewer_hints([xspace, *many, "plain.pt.trace.json"], out)
+    assert len(both) == 2 and both[0].startswith("view the XSpace trace: tensorboard --logdir /tmp/dl")
+    assert both[1] == ("view the PyTorch trace: open /tmp/dl/**/*.pt.trace.json* in https://ui.perfetto.dev "
+                       "(or chrome://tracing)")

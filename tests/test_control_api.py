@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ from gpuscope.capture.service import CaptureService
 from gpuscope.capture.store import CaptureStore
 from gpuscope.capture.targets import TargetResolver
 from gpuscope.capture.tsl import TslProfilerBackend
-from gpuscope.control.client import ControlClient, safe_relative_path, write_chunks
+from gpuscope.common.user_paths import default_dirs
+from gpuscope.control.client import AgentInfo, ControlClient, safe_relative_path, write_chunks
 from gpuscope.control.config import ControlConfig
 from gpuscope.control.errors import ControlError, ControlServerError
 from gpuscope.control.server import CHUNK_BYTES, ControlServer
@@ -48,6 +50,7 @@ from gpuscope.sampler import Sampler
 from gpuscope.simulate import Simulation
 from gpuscope.simulate.loader import parse_scenario
 from gpuscope.snapshot import GpuReading, Snapshot
+from gpuscope.version import __version__
 
 PROFILER = "127.0.0.1:6009"  # what the fake backend "profiles"
 TOKEN = "s3cret-token-0123456789abcdef"
@@ -186,7 +189,7 @@ def tree(folder: Path) -> dict[str, bytes]:
 
 def test_config_defaults_and_refusals() -> None:
     config = ControlConfig()
-    assert config.socket == Path("/run/gpuscope/control.sock") and config.socket_mode == 0o660
+    assert config.socket == default_dirs().runtime / "control.sock" and config.socket_mode == 0o660
     assert config.enabled and not config.tcp.enabled
     assert ControlConfig.model_validate({"socket_mode": "0640"}).socket_mode == 0o640
     assert ControlConfig.model_validate({"socket_mode": 0o600}).socket_mode == 0o600
@@ -225,6 +228,43 @@ def test_socket_mode_directory_and_cleanup(tmp_path: Path) -> None:
     assert not node.socket.exists()  # stop removed it
 
 
+def test_the_agent_says_who_it_is(tmp_path: Path) -> None:
+    with running_node(tmp_path) as node, node.client() as client:
+        assert node.store is not None
+        info = client.agent_info()
+        assert info == AgentInfo(node_name="node", pid=os.getpid(), version=__version__,
+                                 simulated_scenario=None, control_socket=str(node.socket),
+                                 capture_store=str(node.store.root))
+        assert info.describe(client.where) == f"agent node (pid {os.getpid()}) at {node.socket}"
+    with short_dir() as folder:
+        config = ControlConfig.model_validate({"socket": str(folder / "control.sock")})
+        server = ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None,
+                               hostname="sim", simulated="demo")
+        server.start()
+        try:
+            with ControlClient(folder / "control.sock") as client:
+                info = client.agent_info()
+                assert info is not None and info.capture_store is None
+                assert info.describe("X") == f"agent sim (simulating demo, pid {os.getpid()}) at X"
+        finally:
+            server.stop()
+
+
+def test_an_agent_older_than_the_question_is_no_error() -> None:
+    # An agent without GetAgentInfo answers UNIMPLEMENTED: the client says it does not know the node.
+    with short_dir() as folder:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        old_agent = agent_pb2_grpc.AgentServicer()  # type: ignore[no-untyped-call]
+        agent_pb2_grpc.add_AgentServicer_to_server(old_agent, server)  # type: ignore[no-untyped-call]
+        server.add_insecure_port(f"unix:{folder / 'old.sock'}")
+        server.start()
+        try:
+            with ControlClient(folder / "old.sock") as client:
+                assert client.agent_info() is None
+        finally:
+            server.stop(0)
+
+
 def test_a_stale_socket_is_replaced_a_live_one_or_a_file_is_refused(tmp_path: Path) -> None:
     with short_dir() as folder:
         path = folder / "control.sock"
@@ -237,9 +277,18 @@ def test_a_stale_socket_is_replaced_a_live_one_or_a_file_is_refused(tmp_path: Pa
         try:
             assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
             second = ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None)
-            with pytest.raises(ControlServerError, match="another process is serving"):
+            identity = os.lstat(path).st_ino
+            # The second names the first (it asks it who it is) and what to set instead.
+            hostname = socket.gethostname()
+            with pytest.raises(ControlServerError, match=re.escape(
+                    f"the control socket {path} is in use by another agent (pid {os.getpid()}, node "
+                    f"{hostname}); set control.socket (GPUSCOPE_CONTROL__SOCKET) to give this agent its "
+                    "own")):
                 second.start()
-            assert stat.S_ISSOCK(os.lstat(path).st_mode)  # the live one is untouched
+            second.stop()  # a refused server's stop leaves the other agent's socket alone
+            assert stat.S_ISSOCK(os.lstat(path).st_mode) and os.lstat(path).st_ino == identity
+            with ControlClient(path) as client:
+                assert client.list_alerts() == {"enabled": False, "alerts": []}
             with ControlClient(path) as client:
                 assert client.list_alerts() == {"enabled": False, "alerts": []}
         finally:

@@ -141,14 +141,20 @@ def test_the_unit_is_a_hardened_notify_service_with_a_watchdog() -> None:
     assert s["RuntimeDirectoryPreserve"] == ["restart"]
 
 
-def test_the_example_configuration_loads_and_writes_only_to_the_state_directory() -> None:
+def test_the_example_configuration_loads_and_writes_only_to_the_state_directory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The directories systemd makes for the unit, in the variables it sets (whoever runs the test).
+    unit = service()
+    monkeypatch.setenv("STATE_DIRECTORY", f"/var/lib/{unit['StateDirectory'][0]}")
+    monkeypatch.setenv("RUNTIME_DIRECTORY", f"/run/{unit['RuntimeDirectory'][0]}")
     settings = load_settings(EXAMPLE_CONFIG)
+    assert settings.capture.store.root.is_relative_to(Path(f"/var/lib/{unit['StateDirectory'][0]}"))
     assert settings.web.listen_address == ":9847"
     assert settings.processes.cmdline is False
     path = settings.alerting.event_log.path
     assert path is not None and str(path).startswith("/var/lib/gpuscope/")
     # Sockets and Kineto traces in the unit's RuntimeDirectory, never in its private /tmp.
-    runtime = Path("/run") / service()["RuntimeDirectory"][0]
+    runtime = Path("/run") / unit["RuntimeDirectory"][0]
     assert settings.control.socket.parent == runtime
     trace_dir = settings.capture.kineto.trace_dir
     assert trace_dir is not None and trace_dir.is_relative_to(runtime)

@@ -95,8 +95,9 @@ def test_a_stale_socket_is_cleared_a_live_one_and_other_files_are_not(tmp_path: 
     live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     live.bind(str(path))
     live.listen(1)
-    with pytest.raises(SocketInUseError):
+    with pytest.raises(SocketInUseError, match=rf"another process \(pid {os.getpid()}\) serves") as in_use:
         clear_stale_socket(path)
+    assert in_use.value.pid == os.getpid()  # the kernel's peer credentials name who serves it
     live.close()  # the file stays: a socket nobody serves
     assert path.exists() and clear_stale_socket(path) is True and not path.exists()
     path.write_text("not a socket")

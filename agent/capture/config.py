@@ -21,8 +21,12 @@ capture:
     users: [alertmanager]                   # and/or basic auth: users of web.config_file
   kineto:                                   # PyTorch jobs started with KINETO_USE_DAEMON=1
     trace_dir: /run/gpuscope/kineto/traces  # they write their traces here: visible to them at this path
-    socket_dir: /run/gpuscope/kineto/ipc    # unset: the abstract socket @dynolog (host network only)
+    socket_dir: /run/gpuscope/kineto/ipc    # null: the abstract socket @dynolog (host network only)
 ```
+
+The defaults depend on who runs the agent (``common/user_paths``): root keeps the store in
+/var/lib/gpuscope; a user's own agent keeps it in $XDG_STATE_HOME/gpuscope and its Kineto directories
+in its runtime directory, listening on a socket file there rather than on the node-wide @dynolog.
 
 Which alerts capture by default each rule says (``captures_by_default``: the rules whose cause a profiler
 trace can show); ``rules`` overrides it per rule and refuses names that are not alert rules.
@@ -39,6 +43,7 @@ from gpuscope.alerts.rules import CAPTURES_BY_DEFAULT, RULE_TYPES
 from gpuscope.common.config_types import ByteSize, Duration, PeerAddress, Section
 from gpuscope.common.durations import format_duration
 from gpuscope.common.unixfs import MAX_UNIX_SOCKET_PATH_BYTES
+from gpuscope.common.user_paths import default_dirs
 
 MAX_DURATION_SECONDS = 30.0  # the longest capture anyone may ask for (a trace of 30 s is already large)
 # A trace received over gRPC is held about 3.6 times over while it arrives (gRPC's buffers, the
@@ -51,6 +56,26 @@ MIN_QUOTA_BYTES = 2**20
 # the directory, in a Unix socket address of at most 107 (measured with PyTorch 2.13: 54 works, 55 fails).
 MAX_KINETO_SOCKET_DIR_BYTES = MAX_UNIX_SOCKET_PATH_BYTES - len("/dynoconfigclient") - 36
 
+
+
+def default_store_root() -> Path:
+    """``/var/lib/gpuscope/captures`` for root, the state directory's ``captures`` for anyone else."""
+    return default_dirs().state / "captures"
+
+
+def default_kineto_trace_dir() -> Path | None:
+    """Root: None (the daemon's own default, under the temporary directory); anyone else: the
+    runtime directory's ``kineto/traces``."""
+    dirs = default_dirs()
+    return None if dirs.owner == "root" else dirs.runtime / "kineto" / "traces"
+
+
+def default_kineto_socket_dir() -> Path | None:
+    """None (the abstract @dynolog) for root and services; a user's own agent listens in its runtime
+    directory instead: @dynolog is one name for the whole node, which an agent started by hand
+    should not take from the node's own agent (or take the other users' PyTorch jobs with it)."""
+    dirs = default_dirs()
+    return dirs.runtime / "kineto" / "ipc" if dirs.owner == "user" else None
 
 
 def _port(value: int) -> int:
@@ -97,8 +122,10 @@ def _known_rules(rules: dict[str, bool]) -> dict[str, bool]:
 
 
 class StoreConfig(Section):
-    root: Path = Field(Path("/var/lib/gpuscope/captures"),
-                       description="Directory of the capture store (one sub-directory per capture).")
+    root: Path = Field(default_factory=default_store_root,
+                       description="Directory of the capture store (one sub-directory per capture). "
+                                   "Default: /var/lib/gpuscope/captures for root, else "
+                                   "$XDG_STATE_HOME/gpuscope/captures (~/.local/state/gpuscope/captures).")
     quota_bytes: ByteSize = Field(2 * 2**30, ge=MIN_QUOTA_BYTES,
                               description="Disk space the captures may use; the oldest are evicted first. "
                                           "Sizes such as 2GiB or 500MB are accepted.")
@@ -132,14 +159,18 @@ class KinetoConfig(Section):
     """The agent's Kineto on-demand daemon (PyTorch jobs started with KINETO_USE_DAEMON=1)."""
 
     trace_dir: Annotated[Path, AfterValidator(_plain_absolute)] | None = Field(
-        None, description="Directory in which the jobs write their traces (one random sub-directory per "
-                          "capture). The jobs must see it at the same path: not a private /tmp. "
-                          "Default: gpuscope-kineto-<uid> in the agent's temporary directory.")
+        default_factory=default_kineto_trace_dir,
+        description="Directory in which the jobs write their traces (one random sub-directory per "
+                    "capture). The jobs must see it at the same path: not a private /tmp. "
+                    "Default: gpuscope-kineto-<uid> in the agent's temporary directory for root, else "
+                    "kineto/traces in the agent's runtime directory.")
     socket_dir: Annotated[Path, AfterValidator(_socket_dir)] | None = Field(
-        None, description="Listen on the socket file <socket_dir>/dynolog, for jobs started with "
-                          "KINETO_IPC_SOCKET_DIR=<socket_dir> (containers without host networking). "
-                          "Default: the abstract socket @dynolog, which only the host's network "
-                          "namespace reaches.")
+        default_factory=default_kineto_socket_dir,
+        description="Listen on the socket file <socket_dir>/dynolog, for jobs started with "
+                    "KINETO_IPC_SOCKET_DIR=<socket_dir> (containers without host networking). "
+                    "null: the abstract socket @dynolog, which only the host's network namespace "
+                    "reaches; the default for root and services. A user's own agent listens in "
+                    "kineto/ipc of its runtime directory by default.")
 
     @model_validator(mode="after")
     def _separate_directories(self) -> KinetoConfig:

@@ -14,7 +14,7 @@ from gpuscope.capture.ledger import LEDGER_FILE, AdmissionLedger, Admissions
 from gpuscope.capture.model import CaptureBackend
 from gpuscope.capture.policy import CapturePolicy
 from gpuscope.capture.service import CaptureService
-from gpuscope.capture.store import CaptureStore, CaptureStoreError
+from gpuscope.capture.store import CaptureStore, CaptureStoreError, CaptureStoreInUseError
 from gpuscope.capture.targets import TargetResolver
 from gpuscope.capture.tsl import TslProfilerBackend
 from gpuscope.health import SourceHealth
@@ -56,6 +56,9 @@ def build_captures(config: CaptureConfig, *, snapshots: SnapshotSource, hostname
     try:
         store = CaptureStore(config.store.root, quota_bytes=config.store.quota_bytes,
                              min_free_bytes=config.store.min_free_bytes)
+    except CaptureStoreInUseError as err:  # never shared: the other agent's captures stay its own
+        log.warning("captures disabled: %s", err)
+        return None
     except (OSError, CaptureStoreError) as err:
         log.warning("captures disabled: cannot use the capture store %s (%s); set capture.store.root "
                     "to a writable directory", config.store.root, err)

@@ -167,13 +167,15 @@ class CaptureService:
         gpu = gpu_reading.index if gpu_reading is not None else request.gpu
         decision = self._policy.admit(request.trigger, gpu, duration_s=request.duration_s)
         if not decision.allowed:
-            log.info("capture refused (%s, GPU %s): %s", request.trigger.kind, gpu, decision.reason)
+            log.info("capture refused (%s, %s): %s", request.trigger.kind, _subject(request, gpu),
+                     decision.reason)
             return self._refused(request, decision.reason, gpu=gpu)
         targets, pids = self._targets(request, gpu_reading)
         if not targets:
             self._policy.release(decision, refund=True)
+            of = "this GPU's processes" if request.pid is None else f"process {request.pid}"
             return self._not_taken(request, decision, gpu, pids,
-                                   error="no profiling endpoint found for the processes on this GPU "
+                                   error=f"no profiling endpoint found for {of} "
                                          "(see docs/capture.md: make the job capturable)")
         refund = False  # the agent's own disk failed: the capture is not charged to the budget
         try:
@@ -184,7 +186,7 @@ class CaptureService:
             record = self._record(request, "failed", gpu=gpu, pids=pids, duration_s=decision.duration_s,
                                   error=str(err))
             self._count(request.trigger.kind, record.outcome)
-            log.warning("capture not taken (GPU %s): %s", gpu, err)
+            log.warning("capture not taken (%s): %s", _subject(request, gpu), err)
             return record
         try:
             if request.start_at is not None:  # fleet: start with the other nodes
@@ -216,8 +218,9 @@ class CaptureService:
         finally:
             self._policy.release(decision, refund=refund)
         self._count(request.trigger.kind, record.outcome)
-        log.info("capture %s: %s (GPU %s, %s)", record.id, record.outcome, gpu,
-                 ", ".join(o.target.describe() for o in record.targets))
+        on_gpu = [] if gpu is None else [f"GPU {gpu}"]  # a target's own description names the pid
+        log.info("capture %s: %s (%s)", record.id, record.outcome,
+                 ", ".join([*on_gpu, *(o.target.describe() for o in record.targets)]))
         return record
 
     def _run_backend(self, target: CaptureTarget, decision: Decision, staging: Staging) -> TargetOutcome:
@@ -264,7 +267,7 @@ class CaptureService:
         record = self._record(request, "unreachable", gpu=gpu, pids=pids, duration_s=decision.duration_s,
                               error=error)
         self._count(request.trigger.kind, record.outcome)
-        log.info("capture not taken (GPU %s): %s", gpu, error)
+        log.info("capture not taken (%s): %s", _subject(request, gpu), error)
         return record
 
     def _refused(self, request: CaptureRequest, reason: str, *, gpu: int | None = None) -> CaptureRecord:
@@ -289,3 +292,15 @@ class CaptureService:
         with self._lock:
             key = (trigger, outcome)
             self._counts[key] = self._counts.get(key, 0) + 1
+
+
+def _subject(request: CaptureRequest, gpu: int | None) -> str:
+    """What a capture is of, for log lines: "GPU 0", "GPU 0, pid 1234", "pid 1234" or "target host:port".
+    A request by pid or target has no GPU when its process is on none the agent knows: nothing is said of
+    a GPU then (not "GPU None")."""
+    parts = [] if gpu is None else [f"GPU {gpu}"]
+    if request.pid is not None:
+        parts.append(f"pid {request.pid}")
+    if request.target is not None and request.pid is None:
+        parts.append(f"target {request.target}")
+    return ", ".join(parts) or "no GPU"

@@ -2,7 +2,7 @@
 
 Layout::
 
-    <root>/.lock                       flock held by the agent that owns the store
+    <root>/.lock                       flock held by the agent that owns the store; holds its pid
     <root>/.staging/<id>/              where backends write while a capture runs (private, 0700)
     <root>/.trash/<id>/                a capture being deleted (evicted), removed right after
     <root>/<id>/capture.json           the record (capture.json is what makes a capture complete)
@@ -72,6 +72,7 @@ from gpuscope.common.unixfs import (
     safe_file_name,
     write_new_file,
 )
+from gpuscope.common.user_paths import check_fallback_runtime_dir
 
 __all__ = [
     "CaptureDiskError",
@@ -80,6 +81,7 @@ __all__ = [
     "CaptureQuotaError",
     "CaptureStore",
     "CaptureStoreError",
+    "CaptureStoreInUseError",
     "Staging",
     "StoredFile",
 ]
@@ -95,6 +97,14 @@ MAX_FILES = 10_000  # files inside one capture
 
 class CaptureStoreError(CaptureError):
     """The store cannot do what was asked; the message says why."""
+
+
+class CaptureStoreInUseError(CaptureStoreError):
+    """Another agent holds the store's lock; ``pid`` names it when its lock file says."""
+
+    def __init__(self, message: str, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
 
 
 class CaptureNotFoundError(CaptureStoreError, LookupError):
@@ -238,6 +248,7 @@ class CaptureStore:
         self._index: dict[str, _Entry] = {}
         self._open: set[str] = set()
         try:
+            check_fallback_runtime_dir(root, create=True)  # a store under /tmp/gpuscope-<uid>: ours only
             root.mkdir(mode=0o750, parents=True, exist_ok=True)
             self.root = root.resolve(strict=True)
         except OSError as err:
@@ -277,11 +288,18 @@ class CaptureStore:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
+            holder = _lock_holder(fd)
             os.close(fd)
             if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise CaptureStoreError(f"the capture store {self.root} is in use by another gpuscope "
-                                        "agent (its .lock is held)") from None
+                who = f"pid {holder}" if holder else "its .lock is held"
+                raise CaptureStoreInUseError(f"the capture store {self.root} is in use by another gpuscope "
+                                             f"agent ({who}); set capture.store.root to give this agent a "
+                                             "store of its own", holder) from None
             raise CaptureStoreError(f"cannot lock {path}: {err.strerror or err}") from err
+        # Who holds the lock, for the message a second agent gives (the lock itself is the flock).
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return fd
 
     def _private_dir(self, name: str) -> Path:
@@ -566,6 +584,15 @@ def new_capture_id(now: float, *, gpu: int | None = None, pid: int | None = None
 
 
 # -- file helpers --------------------------------------------------------------------------------------
+
+
+def _lock_holder(fd: int) -> int | None:
+    """The pid a lock file names (written by the agent holding it), or None."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() and 0 < int(text) < 2**22 else None
 
 
 def _scan(top: Path) -> tuple[list[StoredFile], int]:

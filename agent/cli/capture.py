@@ -28,6 +28,8 @@ import grpc
 
 from gpuscope.capture.config import MAX_DURATION_SECONDS
 from gpuscope.capture.records import CaptureIdError, check_capture_id
+from gpuscope.cli.progress import progress_line
+from gpuscope.cli.trace_viewers import viewer_hints
 from gpuscope.common.durations import format_duration, parse_duration
 from gpuscope.common.sizes import format_size
 from gpuscope.control.client import ControlClient
@@ -83,7 +85,8 @@ def _connection_flags(parser: argparse.ArgumentParser, *, fleet: bool) -> None:
     group = parser.add_argument_group("agent connection")
     where = group.add_mutually_exclusive_group()
     where.add_argument("--socket", type=Path, metavar="PATH",
-                       help=f"The local agent's control socket (default ${SOCKET_ENV} or {DEFAULT_SOCKET}).")
+                       help=f"The local agent's control socket (default ${SOCKET_ENV}, else the socket of "
+                            f"an agent this user runs, else the node's, {DEFAULT_SOCKET}).")
     where.add_argument("--agent", metavar="HOST:PORT",
                        help="A remote agent's control API over TCP (TLS with a bearer token).")
     if fleet:
@@ -120,7 +123,8 @@ def add_capture_commands(subparsers: Any) -> None:
     _connection_flags(capture, fleet=True)
 
     captures = subparsers.add_parser("captures", help="List or download the agent's stored captures.")
-    sub = captures.add_subparsers(dest="captures_command", required=True, metavar="SUBCOMMAND")
+    sub = captures.add_subparsers(dest="captures_command", required=True, metavar="SUBCOMMAND",
+                                  help="What to do with the stored captures.")
     ls = sub.add_parser("ls", help="List the stored captures, newest first.")
     ls.add_argument("--limit", type=_non_negative, default=0, metavar="N",
                     help="At most N captures (default: the agent's page size).")
@@ -156,14 +160,32 @@ def run_capture_command(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace, address: str | Path | None = None) -> ControlClient:
-    if address is None:
-        address = args.agent or args.socket or Path(os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+    if address is None:  # None left: the local agent this user would talk to (ControlClient's default)
+        address = args.agent or args.socket or (Path(os.environ[SOCKET_ENV]) if os.environ.get(SOCKET_ENV)
+                                                else None)
     return ControlClient(address, tls_ca=args.tls_ca, token_file=args.token_file, tls_cert=args.tls_cert,
                          tls_key=args.tls_key, tls_server_name=args.tls_server_name)
 
 
+def _which_agent(client: ControlClient) -> dict[str, Any]:
+    """Say on stderr which agent answers (node name, pid, socket); its address and node, for --json."""
+    info = client.agent_info()
+    if info is None:
+        print(f"agent at {client.where} (an older gpuscope, which does not say its node name)",
+              file=sys.stderr)
+        return {"agent": client.where, "node": None}
+    print(info.describe(client.where), file=sys.stderr)
+    return {"agent": client.where, "node": info.node_name}
+
+
 def _selector(args: argparse.Namespace) -> dict[str, Any]:
     return {"gpu": args.gpu, "pid": args.pid, "target": args.target}
+
+
+def _what(args: argparse.Namespace) -> str:
+    if args.gpu is not None:
+        return f"GPU {args.gpu}"
+    return f"pid {args.pid}" if args.pid is not None else str(args.target)
 
 
 def _capture(args: argparse.Namespace) -> int:
@@ -171,9 +193,11 @@ def _capture(args: argparse.Namespace) -> int:
         raise ControlError("capture: name what to capture: --gpu N, --pid PID or --target HOST:PORT "
                            "(or --agents for a fleet capture)", usage=True)
     with _client(args) as client:
-        record = client.capture(**_selector(args), duration_s=args.duration, reason=args.reason)
+        who = _which_agent(client)
+        with progress_line(f"capturing {_what(args)}", args.duration, enabled=not args.json):
+            record = client.capture(**_selector(args), duration_s=args.duration, reason=args.reason)
     if args.json:
-        print(json.dumps(record, indent=2))
+        print(json.dumps({**who, **record}, indent=2))
     else:
         print(format_record(record))
         if record.get("outcome") == "captured":
@@ -214,7 +238,9 @@ def _fleet(args: argparse.Namespace) -> int:
                 record = _failed_record(err, selector)
             return {"agent": agent, **record}
 
-        with ThreadPoolExecutor(max_workers=min(32, len(agents)), thread_name_prefix="fleet") as pool:
+        total = None if args.duration is None else args.lead + args.duration
+        with ThreadPoolExecutor(max_workers=min(32, len(agents)), thread_name_prefix="fleet") as pool, \
+                progress_line(f"capturing on {len(agents)} agent(s)", total, enabled=not args.json):
             records = list(pool.map(one, agents))
     finally:
         for client in clients.values():
@@ -251,9 +277,10 @@ def _failed_record(err: ControlError, selector: dict[str, Any]) -> dict[str, Any
 
 def _list(args: argparse.Namespace) -> int:
     with _client(args) as client:
+        who = _which_agent(client)
         records = client.list_captures(limit=args.limit)
     if args.json:
-        print(json.dumps(records, indent=2))
+        print(json.dumps([{**who, **r} for r in records], indent=2))
         return EXIT_OK
     if not records:
         print("no captures stored")
@@ -280,11 +307,18 @@ def _get(args: argparse.Namespace) -> int:
     except CaptureIdError as err:
         raise ControlError(str(err), usage=True) from None
     with _client(args) as client:
-        written = client.get_capture(args.id, args.output)
+        _which_agent(client)
+        try:
+            written = client.get_capture(args.id, args.output)
+        except ControlError as err:
+            if err.code == grpc.StatusCode.NOT_FOUND:
+                raise ControlError(f"{err}; only captures that reached a profiler are stored (a refused "
+                                   "one, or one that found no profiler, is not): `gpuscope captures ls` "
+                                   "lists them", code=err.code) from None
+            raise
     print(f"{len(written)} file(s) of capture {args.id} written to {args.output}")
-    profiles = [name for name in written if name.endswith(".xplane.pb") or ".pt.trace.json" in name]
-    if profiles:
-        print(f"view: tensorboard --logdir {args.output}   (or xprof)")
+    for line in viewer_hints(written, args.output):
+        print(line)
     return EXIT_OK
 
 
@@ -292,8 +326,11 @@ def _get(args: argparse.Namespace) -> int:
 
 
 def format_record(record: dict[str, Any]) -> str:
-    """One line: id, outcome, what was captured, the files, and the error if any."""
-    parts = [str(record.get("id") or "-"), str(record.get("outcome"))]
+    """One line: id, outcome, what was captured, the files, and the error if any. The id is shown only
+    for a capture that stored a trace: another record's id names nothing `captures get` could download
+    (refusals and captures that found no profiler are not stored at all)."""
+    stored_trace = bool(record.get("files"))
+    parts = [str(record.get("id") or "-") if stored_trace else "-", str(record.get("outcome"))]
     if record.get("gpu") is not None:
         parts.append(f"GPU {record['gpu']}")
     pids = record.get("pids") or ()

@@ -15,6 +15,7 @@ from gpuscope.config import Settings, load_settings
 from gpuscope.version import __version__
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+SNAPSHOT_LOG_LEVEL = "error"  # `snapshot` logs only errors unless --log-level says otherwise
 
 
 def _duration_flag(text: str) -> float:
@@ -27,17 +28,18 @@ def _duration_flag(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuscope", description="Always-on per-node GPU telemetry agent.")
     parser.add_argument("--version", action="version", version=f"gpuscope {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="What to do (`gpuscope COMMAND -h` describes each).")
 
-    def common(p: argparse.ArgumentParser) -> None:
+    def common(p: argparse.ArgumentParser, *, default_level: str) -> None:
         p.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file.")
         p.add_argument("--simulate", metavar="NAME|FILE",
                        help="Replace NVML with a simulated node: a bundled scenario name or a scenario file.")
         p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
-                       help="Logging to stderr from this level up (default info).")
+                       help=f"Log messages to stderr from this level up (default {default_level}).")
 
     run = sub.add_parser("run", help="Run the agent (sampler and HTTP endpoints) until SIGTERM.")
-    common(run)
+    common(run, default_level="info, or log_level in the configuration")
     run.add_argument("--web.listen-address", dest="listen_address", metavar="ADDR",
                      help="HTTP listen address (default :9847).")
     run.add_argument("--web.config.file", dest="config_file", type=Path, metavar="FILE",
@@ -48,15 +50,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Export full process command lines (off by default: they may hold secrets).")
 
     snap = sub.add_parser("snapshot", help="Print one snapshot of the node and exit.")
-    common(snap)
+    common(snap, default_level=f"{SNAPSHOT_LOG_LEVEL}: the snapshot itself is the output")
     snap.add_argument("--json", action="store_true", help="Print the snapshot as JSON.")
 
     config = sub.add_parser("config", help="Configuration tools.")
-    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND",
+                                       help="The configuration tool to run.")
     check = config_sub.add_parser("check", help="Validate a configuration file: exit 0, or 2 with problems.")
     check.add_argument("file", type=Path, help="The YAML configuration file to check.")
 
-    sub.add_parser("scenarios", help="List the bundled simulation scenarios.")
+    scenarios = sub.add_parser("scenarios", help="List the bundled simulation scenarios, each with what it "
+                                                 "shows (for --simulate NAME).")
+    scenarios.add_argument("--json", action="store_true",
+                           help="Print a JSON list of {name, description} objects.")
     from gpuscope.cli.capture import add_capture_commands
 
     add_capture_commands(sub)
@@ -96,16 +102,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "config":
         return _config_check(args.file)
     if args.command == "scenarios":
-        from gpuscope.simulate import bundled_scenarios
+        from gpuscope.cli.scenarios import print_scenarios
 
-        print("\n".join(bundled_scenarios()))
-        return EXIT_OK
+        return print_scenarios(as_json=args.json)
     try:
         settings = load_settings(args.config, _overrides(args))
     except ConfigError as err:
         print(f"gpuscope: {err}", file=sys.stderr)
         return EXIT_USAGE
-    _setup_logging(settings.log_level if args.command == "run" else "error")
+    _setup_logging(settings.log_level if args.command == "run" else args.log_level or SNAPSHOT_LOG_LEVEL)
     try:
         if args.command == "run":
             return _run(settings)

@@ -7,9 +7,11 @@ and simulation), takes two ticks half a second apart so that rates cover a real 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Sequence
 
+from gpuscope.cli.local_agent import find_local_agent, no_nvml_hints
 from gpuscope.config import Settings
 from gpuscope.sampling import NodeSampling
 from gpuscope.snapshot import Snapshot
@@ -18,7 +20,8 @@ EXIT_OK, EXIT_FAILURE = 0, 1
 
 
 def print_snapshot(settings: Settings, *, as_json: bool) -> int:
-    """Print one snapshot; exit 0, or 1 when NVML is not available. ConfigError for a bad scenario."""
+    """Print one snapshot; exit 0, or 1 when NVML is not available (then stderr says what to try, and
+    where a running agent's snapshot is). ConfigError for a bad scenario."""
     sampling = NodeSampling(settings)
     sampling.install()
     try:
@@ -34,6 +37,10 @@ def print_snapshot(settings: Settings, *, as_json: bool) -> int:
             sampling.pods.stop()
         sampling.uninstall()
     print(json.dumps(snapshot.to_json(), indent=2) if as_json else format_snapshot(snapshot))
+    if not snapshot.nvml_up and settings.simulate is None:  # a simulated node without a driver is on purpose
+        agent = find_local_agent(settings.web.listen_address, settings.control.socket)
+        for line in no_nvml_hints(agent):
+            print(f"gpuscope: {line}", file=sys.stderr)
     return EXIT_OK if snapshot.nvml_up else EXIT_FAILURE
 
 

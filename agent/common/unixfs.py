@@ -19,6 +19,7 @@ import re
 import shutil
 import socket
 import stat
+import struct
 import tempfile
 from pathlib import Path
 from types import TracebackType
@@ -28,6 +29,7 @@ MAX_UNIX_SOCKET_PATH_BYTES = 107  # sun_path holds 108 bytes, the last one a NUL
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _MAX_NAME_TRIES = 999
+_UCRED = struct.Struct("=iII")  # struct ucred {pid_t pid; uid_t uid; gid_t gid}
 
 
 class UnsafePathError(OSError):
@@ -36,7 +38,10 @@ class UnsafePathError(OSError):
 
 
 class SocketInUseError(OSError):
-    """Something answers on the socket path: another process serves it, so it is not replaced."""
+    """Something answers on the socket path: another process serves it, so it is not replaced.
+    ``pid``: that process, when the kernel names it (the peer credentials of a stream socket)."""
+
+    pid: int | None = None
 
 
 class FileTooLargeError(OSError):
@@ -236,13 +241,22 @@ def check_socket_path(path: Path) -> None:
 def socket_answers(path: Path, kind: socket.SocketKind = socket.SOCK_STREAM, timeout: float = 1.0) -> bool:
     """Whether a process serves the socket file ``path`` (a connect succeeds); False for a socket
     left by a process that is gone (the connection is refused)."""
+    return _serving_pid(path, kind, timeout) is not None
+
+
+def _serving_pid(path: Path, kind: socket.SocketKind, timeout: float) -> int | None:
+    """None when nobody serves ``path``; else the serving process's pid, 0 when the kernel does not
+    say (a datagram socket has no peer credentials)."""
     with socket.socket(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC) as probe:
         probe.settimeout(timeout)
         try:
             probe.connect(str(path))
         except (ConnectionRefusedError, FileNotFoundError):
-            return False
-        return True
+            return None
+        if kind != socket.SOCK_STREAM:
+            return 0
+        credentials = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+        return int(_UCRED.unpack(credentials)[0])
 
 
 def clear_stale_socket(path: Path, kind: socket.SocketKind = socket.SOCK_STREAM) -> bool:
@@ -256,8 +270,12 @@ def clear_stale_socket(path: Path, kind: socket.SocketKind = socket.SOCK_STREAM)
         return False
     if not stat.S_ISSOCK(info.st_mode):
         raise UnsafePathError(errno.EEXIST, f"{path} exists and is not a socket; it is not replaced")
-    if socket_answers(path, kind):
-        raise SocketInUseError(errno.EADDRINUSE, f"another process serves the socket {path}")
+    pid = _serving_pid(path, kind, 1.0)
+    if pid is not None:
+        err = SocketInUseError(errno.EADDRINUSE, f"another process{f' (pid {pid})' if pid else ''} serves "
+                                                 f"the socket {path}")
+        err.pid = pid or None
+        raise err
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     return True

@@ -1,8 +1,11 @@
 """A client of the control API (gpuscope.v1.Agent): the `gpuscope capture` and `gpuscope captures` commands.
 
-An address is a Unix socket path (the local agent, ``/run/gpuscope/control.sock`` by default; "unix:PATH"
-too) or ``host:port`` of an agent serving TCP, which is always TLS with a bearer token. Every failure
+An address is a Unix socket path ("unix:PATH" too) or ``host:port`` of an agent serving TCP, which is
+always TLS with a bearer token. Without one, the client looks where an agent started by the same user
+listens (``/run/gpuscope/control.sock`` for root; ``$XDG_RUNTIME_DIR/gpuscope/control.sock`` or
+``/tmp/gpuscope-<uid>/control.sock`` for anyone else), then at the node's agent's socket. Every failure
 is a ControlError with a one-line message; ``usage`` marks those caused by the request itself.
+``agent_info`` says which agent answered (its node name, pid, scenario), for the commands to show.
 
 ``get_capture`` writes the files of a capture under a directory the user names, and trusts nothing the
 server sends: every path must be a plain relative path (no absolute path, no ``..``, no odd
@@ -30,12 +33,14 @@ import grpc
 
 from gpuscope.capture.records import CaptureIdError, CaptureRecordError, check_capture_id, check_relative_path
 from gpuscope.common.addresses import AddressError, parse_host_port
+from gpuscope.common.user_paths import check_fallback_runtime_dir
 from gpuscope.control.auth import read_token
-from gpuscope.control.config import DEFAULT_SOCKET
+from gpuscope.control.config import client_socket_candidates
 from gpuscope.control.errors import ControlError
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 10.0  # calls other than Capture and GetCapture
+PEER_INFO_TIMEOUT_S = 1.0  # asking another agent who it is, while this one starts
 CAPTURE_OVERHEAD_S = 60.0  # a Capture call may take its duration (and start delay) plus this
 DOWNLOAD_TIMEOUT_S = 600.0
 MAX_RESPONSE_BYTES = 8 * 2**20
@@ -52,20 +57,69 @@ def is_socket_address(address: str | Path) -> bool:
     return address.startswith(("/", "./", "../", "unix:", "~"))
 
 
-class ControlClient:
-    """One agent's control API. Use as a context manager, or call ``close``."""
+@dataclass(frozen=True, slots=True)
+class AgentInfo:
+    """Which agent answers: its node name, process id, version, and the scenario it simulates."""
 
-    def __init__(self, address: str | Path = DEFAULT_SOCKET, *, tls_ca: Path | None = None,
+    node_name: str
+    pid: int
+    version: str
+    simulated_scenario: str | None
+    control_socket: str
+    capture_store: str | None
+
+    def describe(self, where: str) -> str:
+        """One line for a person: ``agent NODE (simulating SCENARIO, pid N) at WHERE``."""
+        details = ([f"simulating {self.simulated_scenario}"] if self.simulated_scenario else []) + [
+            f"pid {self.pid}"]
+        return f"agent {self.node_name} ({', '.join(details)}) at {where}"
+
+
+def default_socket(candidates: list[Path] | None = None) -> Path:
+    """The socket a client of this user talks to when none is named: the first of ``candidates``
+    (by default ``client_socket_candidates()``) that exists, else the first, for the error to name."""
+    candidates = candidates or client_socket_candidates()
+    for candidate in candidates:
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.stat(candidate).st_mode):
+                return candidate
+    return candidates[0]
+
+
+def describe_agent_at(path: Path, pid: int | None) -> str:
+    """Who serves the control socket ``path``, as far as it says within a second: ``pid N, node
+    NAME, simulating SCENARIO`` (what is known of it); for a message naming the other agent."""
+    parts = [f"pid {pid}"] if pid else []
+    try:
+        with ControlClient(path, timeout=PEER_INFO_TIMEOUT_S) as client:
+            info = client.agent_info()
+    except ControlError:
+        info = None
+    if info is not None:
+        parts = [f"pid {info.pid}", f"node {info.node_name}"] + (
+            [f"simulating {info.simulated_scenario}"] if info.simulated_scenario else [])
+    return ", ".join(parts) or "it did not say who it is"
+
+
+class ControlClient:
+    """One agent's control API. Use as a context manager, or call ``close``. ``address`` None: the
+    local agent this user would talk to (``default_socket``)."""
+
+    def __init__(self, address: str | Path | None = None, *, tls_ca: Path | None = None,
                  token_file: Path | None = None, token: str | None = None, tls_cert: Path | None = None,
                  tls_key: Path | None = None, tls_server_name: str | None = None,
                  timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self._timeout = timeout
         options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_RESPONSE_BYTES)]
+        self._looked_at: list[Path] = []
+        if address is None:
+            self._looked_at = client_socket_candidates()
+            address = default_socket(self._looked_at)
         if is_socket_address(address):
             text = str(address)
             path = Path(text.removeprefix("unix:")).expanduser().absolute()
             self.where = str(path)
-            _check_socket(path)
+            _check_socket(path, self._looked_at)
             self._channel = grpc.insecure_channel(f"unix:{path}", options=options)
         else:
             try:
@@ -107,6 +161,18 @@ class ControlClient:
     def get_snapshot(self) -> dict[str, Any]:
         response = self._call(self._stub.GetSnapshot, agent_pb2.GetSnapshotRequest())
         return _json(response.snapshot_json, "snapshot")
+
+    def agent_info(self) -> AgentInfo | None:
+        """Which agent answers; None for an agent older than this question (UNIMPLEMENTED)."""
+        try:
+            response = self._stub.GetAgentInfo(agent_pb2.GetAgentInfoRequest(), timeout=self._timeout)
+        except grpc.RpcError as err:
+            if hasattr(err, "code") and err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            raise self._error(err) from None
+        return AgentInfo(node_name=response.node_name or "(unnamed node)", pid=response.pid,
+                         version=response.version, simulated_scenario=response.simulated_scenario or None,
+                         control_socket=response.control_socket, capture_store=response.capture_store or None)
 
     def list_alerts(self) -> dict[str, Any]:
         response = self._call(self._stub.ListAlerts, agent_pb2.ListAlertsRequest())
@@ -185,11 +251,19 @@ class ControlClient:
         return ControlError(message, code=code, usage=code == grpc.StatusCode.INVALID_ARGUMENT)
 
 
-def _check_socket(path: Path) -> None:
+def _check_socket(path: Path, looked_at: list[Path]) -> None:
+    """A socket of this user's agent, or one it may use; ``looked_at``: the default sockets tried."""
+    try:
+        # An agent's socket under /tmp counts only in a directory of this user's own: anyone could
+        # have made that directory and serve a socket of their own in it.
+        check_fallback_runtime_dir(path.parent, create=False)
+    except OSError as err:
+        raise ControlError(f"not talking to the control socket {path}: {err.strerror or err}") from None
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise ControlError(f"no gpuscope agent control socket at {path}: is the agent running "
+        where = " or ".join(map(str, looked_at)) if len(looked_at) > 1 else str(path)
+        raise ControlError(f"no gpuscope agent control socket at {where}: is the agent running "
                            "(gpuscope run)? Name another socket with --socket") from None
     except OSError as err:
         raise ControlError(f"cannot use the control socket {path}: {err.strerror or err}") from None

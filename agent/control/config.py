@@ -13,6 +13,10 @@ control:
 ```
 
 The longest capture a client may ask for is ``capture.max_duration`` (the capture policy's), not a key here.
+
+The socket's default depends on who runs the agent (``common/user_paths``): ``/run/gpuscope/control.sock``
+for root, ``control.sock`` in the runtime directory for anyone else (``$XDG_RUNTIME_DIR/gpuscope``, or
+``/tmp/gpuscope-<uid>``).
 """
 
 from __future__ import annotations
@@ -23,9 +27,22 @@ from typing import Annotated
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from gpuscope.common.config_types import ListenAddress, Section, UnixSocketPath
+from gpuscope.common.user_paths import SYSTEM_RUNTIME_DIR, DefaultDirs, default_dirs
 
-DEFAULT_SOCKET = Path("/run/gpuscope/control.sock")
+SOCKET_NAME = "control.sock"
+DEFAULT_SOCKET = SYSTEM_RUNTIME_DIR / SOCKET_NAME  # root's, and the node's agent's
 DEFAULT_SOCKET_MODE = 0o660
+
+
+def default_socket(dirs: DefaultDirs | None = None) -> Path:
+    """Where an agent run by this user listens unless control.socket says otherwise."""
+    return (dirs or default_dirs()).runtime / SOCKET_NAME
+
+
+def client_socket_candidates(dirs: DefaultDirs | None = None) -> list[Path]:
+    """Where a client of this user looks for an agent, in order: the socket of an agent this user
+    would run, then the node's (a user in the socket's group may use the node's agent)."""
+    return list(dict.fromkeys((default_socket(dirs), DEFAULT_SOCKET)))
 
 
 def _octal_mode(value: object) -> object:
@@ -83,7 +100,10 @@ class TcpConfig(Section):
 class ControlConfig(Section):
     enabled: bool = Field(True, description="Serve the control API (the `gpuscope capture` CLI needs it).")
     socket: UnixSocketPath = Field(
-        DEFAULT_SOCKET, description="Unix socket of the control API (its directory is created 0750).")
+        default_factory=default_socket,  # called without arguments: its parameter has a default
+        description="Unix socket of the control API (its directory is created 0750). Default: "
+                    "/run/gpuscope/control.sock for root, else control.sock in the user's runtime "
+                    "directory ($XDG_RUNTIME_DIR/gpuscope, or /tmp/gpuscope-<uid>).")
     socket_mode: Annotated[int, BeforeValidator(_octal_mode), AfterValidator(_socket_mode)] = Field(
         DEFAULT_SOCKET_MODE, description="Permissions of the socket (octal); who may connect may capture.")
     tcp: TcpConfig = TcpConfig()

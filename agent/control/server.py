@@ -14,7 +14,8 @@ INVALID_ARGUMENT with the reason.
 
 The socket is bound inside a private (0700) directory next to it, chmod'ed, then linked into place, so no
 client can connect while it still has the process umask's permissions; a stale socket (nobody answers)
-is replaced, a live one or anything that is not a socket is refused.
+is replaced, a live one or anything that is not a socket is refused: two agents never share a socket,
+and the error names the agent that serves it (its pid, and its node name as GetAgentInfo gives it).
 """
 
 from __future__ import annotations
@@ -57,14 +58,17 @@ from gpuscope.common.unixfs import (
     read_bounded,
     same_file,
 )
+from gpuscope.common.user_paths import check_fallback_runtime_dir
 from gpuscope.control.auth import BearerTokenInterceptor, read_token
+from gpuscope.control.client import describe_agent_at
 from gpuscope.control.config import (
     ControlConfig,
     TcpConfig,
 )
 from gpuscope.control.errors import ControlError, ControlServerError
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
-from gpuscope.snapshot import SnapshotSource
+from gpuscope.snapshot import Snapshot, SnapshotSource
+from gpuscope.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +100,9 @@ class _Servicer:
     def __init__(self, *, service: CaptureService | None, store: CaptureStore | None,
                  snapshots: SnapshotSource, alerts: AlertSource | None, hostname: str,
                  wall_clock: Callable[[], float], waiting: threading.BoundedSemaphore,
-                 stopping: threading.Event, user: str) -> None:
+                 stopping: threading.Event, user: str, info: agent_pb2.AgentInfo | None = None) -> None:
+        # Who this agent is (GetAgentInfo): by default only what the process knows of itself.
+        self._info = info or agent_pb2.AgentInfo(node_name=hostname, pid=os.getpid(), version=__version__)
         self._service = service
         self._store = store
         self._snapshots = snapshots
@@ -115,6 +121,10 @@ class _Servicer:
                                                        "finished")
         return agent_pb2.GetSnapshotResponse(snapshot_json=json.dumps(snapshot.to_json()).encode())
 
+    def GetAgentInfo(self, request: agent_pb2.GetAgentInfoRequest,
+                     context: grpc.ServicerContext) -> agent_pb2.AgentInfo:
+        return self._info
+
     def ListAlerts(self, request: agent_pb2.ListAlertsRequest,
                    context: grpc.ServicerContext) -> agent_pb2.ListAlertsResponse:
         alerts = [] if self._alerts is None else [a.to_json() for a in self._alerts.alerts()]
@@ -127,6 +137,11 @@ class _Servicer:
             capture = self._capture_request(request)
         except ValueError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        # Checked here, not in the capture service, so that every client hears "no such GPU" instead of
+        # a capture that found no profiler.
+        missing = _missing_gpu(capture.gpu, self._snapshots.latest(), self._hostname)
+        if missing is not None:
+            context.abort(*missing)
         if request.HasField("reason"):
             log.info("capture requested over the control API (%s): %s", self._user,
                      request.reason[:MAX_REASON_CHARS])
@@ -248,6 +263,24 @@ class _Servicer:
         return self._store
 
 
+def _missing_gpu(gpu: int | None, snapshot: Snapshot | None,
+                 hostname: str) -> tuple[grpc.StatusCode, str] | None:
+    """Why GPU ``gpu`` cannot be captured on this node, as (status, message): the node has no such GPU
+    (INVALID_ARGUMENT, naming the GPUs it has), or NVML is down so it knows none (FAILED_PRECONDITION).
+    None when the GPU exists, when no GPU is named, or before the first sampling tick."""
+    if gpu is None or snapshot is None:
+        return None
+    if not snapshot.nvml_up:
+        return (grpc.StatusCode.FAILED_PRECONDITION,
+                f"GPU {gpu}: NVML is not available on {hostname}, so the agent knows no GPU to capture; "
+                "capture a process (pid) or a profiler (target) instead")
+    indexes = sorted(g.index for g in snapshot.gpus)
+    if gpu in indexes:
+        return None
+    has = f"its GPUs are {', '.join(map(str, indexes))}" if indexes else "it has no GPUs"
+    return grpc.StatusCode.INVALID_ARGUMENT, f"GPU {gpu} does not exist on {hostname}: {has}"
+
+
 def _record_message(record: CaptureRecord) -> agent_pb2.CaptureRecord:
     return agent_pb2.CaptureRecord(id=record.id, outcome=f"OUTCOME_{record.outcome.upper()}",
                                    record_json=json.dumps(record.to_json(), allow_nan=False))
@@ -275,13 +308,19 @@ class ControlServer:
 
     def __init__(self, config: ControlConfig, *, service: CaptureService | None, store: CaptureStore | None,
                  snapshots: SnapshotSource, alerts: AlertSource | None,
-                 hostname: str | None = None, wall_clock: Callable[[], float] = time.time) -> None:
+                 hostname: str | None = None, wall_clock: Callable[[], float] = time.time,
+                 simulated: str | None = None) -> None:
         self._config = config
         self._stopping = threading.Event()
+        hostname = hostname or socket.gethostname()
+        # Who this agent is, for clients to say which agent they talk to (``simulated``: the scenario).
+        info = agent_pb2.AgentInfo(node_name=hostname, pid=os.getpid(), version=__version__,
+                                   simulated_scenario=simulated or "", control_socket=str(config.socket),
+                                   capture_store=str(store.root) if store is not None else "")
         common: dict[str, Any] = dict(service=service, store=store, snapshots=snapshots, alerts=alerts,
-                                      hostname=hostname or socket.gethostname(), wall_clock=wall_clock,
+                                      hostname=hostname, wall_clock=wall_clock,
                                       waiting=threading.BoundedSemaphore(MAX_WAITING_CAPTURES),
-                                      stopping=self._stopping)
+                                      stopping=self._stopping, info=info)
         self._unix_servicer = _Servicer(user="unix", **common)
         self._tcp_servicer = _Servicer(user="token", **common)
         self._servers: list[grpc.Server] = []
@@ -412,9 +451,11 @@ def _bind(server: grpc.Server, address: str, *, what: str,
 
 
 def _prepare_socket_dir(path: Path) -> None:
-    """Create the socket's directory (0750) and clear a stale socket; refuse anything else in the way."""
+    """Create the socket's directory (0750) and clear a stale socket; refuse anything else in the way,
+    a live agent's socket above all (naming that agent)."""
     parent = path.parent
     try:
+        check_fallback_runtime_dir(parent, create=True)  # /tmp/gpuscope-<uid>: ours, or not used
         ensure_directory(parent, 0o750, parents_mode=0o755, follow_symlinks=True)
     except OSError as err:
         raise ControlServerError(f"cannot use {parent}, the directory of the control socket {path}: "
@@ -422,9 +463,10 @@ def _prepare_socket_dir(path: Path) -> None:
     try:
         if clear_stale_socket(path):
             log.info("removed a stale control socket at %s", path)
-    except SocketInUseError:
-        raise ControlServerError(f"another process is serving on the control socket {path} "
-                                 "(another gpuscope agent?)") from None
+    except SocketInUseError as err:
+        raise ControlServerError(f"the control socket {path} is in use by another agent "
+                                 f"({describe_agent_at(path, err.pid)}); set control.socket "
+                                 "(GPUSCOPE_CONTROL__SOCKET) to give this agent its own") from None
     except UnsafePathError as err:
         raise ControlServerError(f"{err.strerror}: set control.socket to another path") from None
     except OSError as err:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import select
 import shutil
@@ -17,6 +19,7 @@ from gpuscope.simulate.fake_nvml import FakeNvmlLib, install_library, uninstall_
 from gpuscope.simulate.kubelet import DeviceAllocation, FakeKubelet
 from gpuscope.simulate.model import GpuModel
 from gpuscope.simulate.scenario import Scenario
+from gpuscope.simulate.work_shape import work_spec
 
 _READY_TIMEOUT_S = 20.0  # helpers start a Python interpreter each; a loaded CI machine can be slow
 _STOP_TIMEOUT_S = 5.0
@@ -31,13 +34,18 @@ class Simulation:
     ``clock`` returns scenario seconds; by default it is the monotonic time since ``install()``.
     Helper processes die with the thread that spawned them (PR_SET_PDEATHSIG): install from a
     thread that outlives the simulation, normally the main thread.
+
+    ``kineto_daemon``: the address of the agent's Kineto daemon (``@dynolog`` or a socket file's
+    path), which the helper processes then poll like PyTorch processes, so that captures can trace
+    them; None: they are not capturable.
     """
 
     def __init__(self, scenario: Scenario, *, clock: Callable[[], float] | None = None,
-                 spawn_processes: bool = True) -> None:
+                 spawn_processes: bool = True, kineto_daemon: str | None = None) -> None:
         self.scenario = scenario
         self._clock = clock
         self._spawn = spawn_processes
+        self.kineto_daemon = kineto_daemon
         self._t0: float | None = None
         self._helpers: dict[str, subprocess.Popen[bytes]] = {}
         self._lib: FakeNvmlLib | None = None
@@ -89,6 +97,8 @@ class Simulation:
             self._t0 = time.monotonic()
             install_library(lib)
             self._lib = lib
+            if self._clock is None:
+                self._tell_helpers(f"origin {self._t0!r}\n")  # their steps follow the scenario's clock
         except BaseException:
             self._stop_kubelet()
             self._stop_helpers()
@@ -139,12 +149,26 @@ class Simulation:
             for index, gpu in enumerate(self.scenario.gpus)
         ]
 
+    def _helper_command(self, name: str) -> list[str]:
+        gpu, process = next((gpu, p) for gpu in self.scenario.gpus for p in gpu.processes if p.name == name)
+        period = self.scenario.duration if self.scenario.loop else None
+        command = [sys.executable, "-m", "gpuscope.simulate.helper_process", "--name", name,
+                   "--parent", str(os.getpid()), "--work", json.dumps(work_spec(gpu, process, period))]
+        if self.kineto_daemon is not None:
+            command += ["--kineto-daemon", self.kineto_daemon]
+        return command
+
+    def _tell_helpers(self, line: str) -> None:
+        for proc in self._helpers.values():
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):  # a helper that died is found by the agent as gone
+                    proc.stdin.write(line.encode())
+                    proc.stdin.flush()
+
     def _start_helpers(self) -> None:
         for name in self._spawned_names():
             self._helpers[name] = subprocess.Popen(
-                [sys.executable, "-m", "gpuscope.simulate.helper_process", "--name", name,
-                 "--parent", str(os.getpid())],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, close_fds=True)
+                self._helper_command(name), stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
         # Wait until each has renamed itself, so that the first NVML reading already sees the name.
         deadline = time.monotonic() + _READY_TIMEOUT_S
         for name, proc in self._helpers.items():
@@ -167,5 +191,7 @@ class Simulation:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            if proc.stdout is not None and not proc.stdout.closed:
-                proc.stdout.close()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None and not pipe.closed:
+                    with contextlib.suppress(OSError):
+                        pipe.close()

@@ -71,6 +71,7 @@ from gpuscope.capture.kineto.protocol import (
     ContextMessage,
     Credentials,
     MalformedDatagram,
+    daemon_address,
     encode_context_reply,
     encode_message,
     parse_context,
@@ -178,9 +179,7 @@ class KinetoDaemon:
     @property
     def address(self) -> str:
         """Where the daemon listens: ``@dynolog`` (abstract) or the socket file's path."""
-        if self.socket_dir is None:
-            return f"@{self.socket_name}"
-        return str(self.socket_dir / self.socket_name)
+        return daemon_address(self.socket_dir, self.socket_name)
 
     @property
     def running(self) -> bool:

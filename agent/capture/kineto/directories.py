@@ -29,6 +29,7 @@ from pathlib import Path
 
 from gpuscope.capture.kineto.errors import KinetoDaemonError
 from gpuscope.common.unixfs import UnsafePathError, ensure_directory
+from gpuscope.common.user_paths import check_fallback_runtime_dir
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +129,10 @@ def remove_quietly(directory: Path) -> None:
 
 def _directory(path: Path, mode: int, *, what: str, setting: str) -> tuple[os.stat_result, bool]:
     """Creates ``path`` with ``mode`` when it is missing; (its stat, whether it was made now). A
-    symlink at ``path`` is refused, never followed."""
+    symlink at ``path`` is refused, never followed; so is a runtime directory under /tmp that is not
+    the agent's user's own."""
     try:
+        check_fallback_runtime_dir(path, create=True)
         return ensure_directory(path, mode, parents_mode=PARENT_DIR_MODE)
     except UnsafePathError as err:
         raise KinetoDaemonError(f"the {what} {err.strerror}", setting=setting) from err

@@ -13,7 +13,8 @@ Measured against PyTorch 2.13 (CPU wheel):
   context is made, and wait for an ``int32`` reply (the number of processes on that GPU).
 
 Everything here is pure: bytes in, values out. Parsers raise ``MalformedDatagram`` naming what is
-wrong, which the daemon counts and ignores.
+wrong, which the daemon counts and ignores. The client's side (``encode_request``, ``parse_config``,
+the addresses) serves the simulator's processes, which poll the daemon as PyTorch does.
 """
 
 from __future__ import annotations
@@ -126,3 +127,51 @@ def trace_config(log_file: Path, duration_ms: int, warmup_s: int) -> bytes:
             f"ACTIVITIES_DURATION_MSECS={max(1, int(duration_ms))}\n"
             f"ACTIVITIES_WARMUP_PERIOD_SECS={max(0, int(warmup_s))}\n"
             "PROFILE_START_TIME=0\n").encode()
+
+
+def daemon_address(socket_dir: Path | None, socket_name: str = DEFAULT_SOCKET_NAME) -> str:
+    """Where a daemon listens, as the agent writes it: ``@dynolog`` (the abstract socket) or the path of
+    the socket file ``<socket_dir>/dynolog``."""
+    return f"@{socket_name}" if socket_dir is None else str(socket_dir / socket_name)
+
+
+def socket_address(address: str) -> str:
+    """``address`` (as ``daemon_address`` writes it) for connect() and sendto(): an abstract name is
+    ``"\\0<name>\\0"``, its trailing NUL part of the name, as Kineto spells it."""
+    return f"\0{address[1:]}\0" if address.startswith("@") else address
+
+
+def client_address(daemon: str, unique: str) -> str:
+    """A client socket's address next to the daemon's ``daemon`` address, named as PyTorch names its
+    own (``dynoconfigclient<unique>``): abstract for an abstract daemon, else a file in its directory."""
+    if daemon.startswith("@"):
+        return f"\0{CLIENT_PREFIX}{unique}"
+    return str(Path(daemon).parent / f"{CLIENT_PREFIX}{unique}")
+
+
+def encode_request(pids: tuple[int, ...], *, job_id: int = 0, profiler_busy: bool = False) -> bytes:
+    """A poll: the process then its ancestors, its job id; without the activities bit while its
+    profiler is busy (a trace config would be ignored)."""
+    if not 0 < len(pids) <= MAX_PIDS or any(p <= 0 for p in pids):
+        raise ValueError(f"a request names 1 to {MAX_PIDS} positive pids, got {pids!r}")
+    config_type = CONFIG_EVENTS if profiler_busy else CONFIG_EVENTS | CONFIG_ACTIVITIES
+    body = REQUEST.pack(config_type, len(pids), job_id) + struct.pack(f"={len(pids)}i", *pids)
+    return encode_message(TYPE_REQUEST, body)
+
+
+def parse_config(text: bytes) -> dict[str, str]:
+    """The ``KEY=VALUE`` lines of a config text (a reply's body; empty: nothing to do)."""
+    try:
+        lines = text.decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise MalformedDatagram(f"a config that is not UTF-8: {err}") from None
+    config: dict[str, str] = {}
+    for raw in lines:
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise MalformedDatagram(f"a config line that is not KEY=VALUE: {line[:80]!r}")
+        config[key.strip()] = value.strip()
+    return config

@@ -99,3 +99,23 @@ class FileChunk(_message.Message):
     data: bytes
     last: bool
     def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class GetAgentInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AgentInfo(_message.Message):
+    __slots__ = ("node_name", "pid", "version", "simulated_scenario", "control_socket", "capture_store")
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_SCENARIO_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_STORE_FIELD_NUMBER: _ClassVar[int]
+    node_name: str
+    pid: int
+    version: str
+    simulated_scenario: str
+    control_socket: str
+    capture_store: str
+    def __init__(self, node_name: _Optional[str] = ..., pid: _Optional[int] = ..., version: _Optional[str] = ..., simulated_scenario: _Optional[str] = ..., control_socket: _Optional[str] = ..., capture_store: _Optional[str] = ...) -> None: ...

@@ -59,6 +59,11 @@ class AgentStub:
                 request_serializer=gpuscope_dot_generated_dot_agent_dot_v1_dot_agent__pb2.GetCaptureRequest.SerializeToString,
                 response_deserializer=gpuscope_dot_generated_dot_agent_dot_v1_dot_agent__pb2.FileChunk.FromString,
                 _registered_method=True)
+        self.GetAgentInfo = channel.unary_unary(
+                '/gpuscope.v1.Agent/GetAgentInfo',
+                request_serializer=gpuscope_dot_generated_dot_agent_dot_v1_dot_agent__pb2.GetAgentInfoRequest.SerializeToString,
+                response_deserializer=gpuscope_dot_generated_dot_agent_dot_v1_dot_agent__pb2.AgentInfo.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -100,6 +105,14 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAgentInfo(self, request, context):
+        """Which agent this is: its node name, process and where it keeps things, so that a client can say
+        which agent it talks to.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +140,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.GetCapture,
                     request_deserializer=gpuscope_dot_generated_dot_agent_dot_v1_dot_agent__pb2.GetCaptureRequest.FromString,
                     response_serializer=gpuscope_dot_generated_dot_agent_dot_v1_dot_agent__pb2.FileChunk.SerializeToString,
+            ),
+            'GetAgentInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAgentInfo,
+                    request_deserializer=gpuscope_dot_generated_dot_agent_dot_v1_dot_agent__pb2.GetAgentInfoRequest.FromString,
+                    response_serializer=gpuscope_dot_generated_dot_agent_dot_v1_dot_agent__pb2.AgentInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +282,33 @@ class Agent:
             '/gpuscope.v1.Agent/GetCapture',
             gpuscope_dot_generated_dot_agent_dot_v1_dot_agent__pb2.GetCaptureRequest.SerializeToString,
             gpuscope_dot_generated_dot_agent_dot_v1_dot_agent__pb2.FileChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAgentInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuscope.v1.Agent/GetAgentInfo',
+            gpuscope_dot_generated_dot_agent_dot_v1_dot_agent__pb2.GetAgentInfoRequest.SerializeToString,
+            gpuscope_dot_generated_dot_agent_dot_v1_dot_agent__pb2.AgentInfo.FromString,
             options,
             channel_credentials,
             insecure,
