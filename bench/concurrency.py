@@ -26,7 +26,6 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,13 +36,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from local_agent import free_port
+
 TIMEOUT_S = 10.0
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,14 +26,10 @@ import urllib.request
 from typing import Any
 
 import psutil
+from local_agent import free_port, wait_ready
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str, accept: str | None = None) -> float:
@@ -44,16 +39,6 @@ def get(url: str, accept: str | None = None) -> float:
         response.read()
     return time.perf_counter() - started
 
-
-def wait_ready(base: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            get(base + "/-/ready")
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"agent at {base} did not become ready in {timeout:.0f} s")
 
 
 def percentile(values: list[float], q: float) -> float:
