@@ -16,6 +16,7 @@ from gpuscope.alerts.alertmanager import AlertmanagerNotifier, instance_label
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.eventlog import AlertEventLog
 from gpuscope.alerts.rules import build_rules
+from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.factory import Captures, build_captures
 from gpuscope.capture.webhook import WebhookReceiver, this_node_hosts
 from gpuscope.common.config_types import ConfigError
@@ -65,6 +66,19 @@ class Agent:
             self.event_log.close()
         self.sampling.uninstall()  # e.g. the simulated kubelet's temporary directory
 
+    def _capture_settings(self, settings: Settings) -> CaptureConfig:
+        """The capture settings, with a simulated node's Kineto directories private to the simulation
+        where the configuration does not name them: a demo started beside a real agent must not
+        compete for its @dynolog or its socket and trace directories."""
+        kineto = settings.capture.kineto
+        unset = {"socket_dir", "trace_dir"} - kineto.model_fields_set
+        if self.simulation is None or not unset:
+            return settings.capture
+        private = self.simulation.kineto_dir
+        kineto = kineto.model_copy(update={name: private / ("ipc" if name == "socket_dir" else "traces")
+                                           for name in unset})
+        return settings.capture.model_copy(update={"kineto": kineto})
+
     def _build(self, settings: Settings) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SnapshotCollector(self.sampler, include_cmdline=settings.processes.cmdline,
@@ -86,8 +100,9 @@ class Agent:
             if alerting.event_log.path is not None:
                 self.event_log = AlertEventLog(alerting.event_log, health=self.health)
                 self.alerts.add_listener(self.event_log)
-        self.captures: Captures | None = build_captures(settings.capture, snapshots=self.sampler,
-                                                        hostname=self.hostname, health=self.health)
+        self.captures: Captures | None = build_captures(
+            self._capture_settings(settings), snapshots=self.sampler, hostname=self.hostname,
+            health=self.health)
         if self.simulation is not None and self.captures is not None:
             # The simulated processes poll this agent's Kineto daemon, as PyTorch jobs would, so that
             # captures can trace them (they start with the simulation, before the daemon: they retry).

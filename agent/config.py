@@ -101,15 +101,15 @@ class Settings(BaseSettings):
     node_name: str | None = Field(None, description="Node name in snapshots; default: the hostname.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     simulate: str | None = Field(None, description="Bundled scenario name or scenario file: fake NVML.")
-    web: WebConfig = WebConfig()
-    processes: ProcessesConfig = ProcessesConfig()
-    idle_dips: IdleDipsConfig = IdleDipsConfig()
-    nvml: NvmlConfig = NvmlConfig()
-    watchdog: WatchdogConfig = WatchdogConfig()
-    alerting: AlertingConfig = AlertingConfig()
-    capture: CaptureConfig = CaptureConfig()
-    control: ControlConfig = ControlConfig()
-    pods: PodsConfig = PodsConfig()
+    web: WebConfig = Field(default_factory=WebConfig)
+    processes: ProcessesConfig = Field(default_factory=ProcessesConfig)
+    idle_dips: IdleDipsConfig = Field(default_factory=IdleDipsConfig)
+    nvml: NvmlConfig = Field(default_factory=NvmlConfig)
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
+    alerting: AlertingConfig = Field(default_factory=AlertingConfig)
+    capture: CaptureConfig = Field(default_factory=CaptureConfig)
+    control: ControlConfig = Field(default_factory=ControlConfig)
+    pods: PodsConfig = Field(default_factory=PodsConfig)
 
     @classmethod
     def settings_customise_sources(

@@ -298,11 +298,15 @@ def test_the_demo_is_capturable_by_an_ordinary_user_with_the_default_paths(ordin
             record = capture_gpu0(person, agent, runtime / "control.sock", out_dir)
             store = ordinary_user.home / ".local" / "state" / "gpuscope" / "captures"
             assert (store / record["id"] / "capture.json").is_file()
-            # The runtime directory is the user's alone; the Kineto daemon listens there, not on the
-            # node-wide @dynolog.
+            # The runtime directory is the user's alone. A simulated node's Kineto daemon listens in a
+            # directory of its own: neither the node-wide @dynolog nor the socket directory that a real
+            # agent of this user would take.
             info = runtime.lstat()
             assert (info.st_uid, info.st_mode & 0o777) == (ordinary_user.uid, 0o700)
-            assert (runtime / "kineto" / "ipc" / "dynolog").is_socket()
+            assert not (runtime / "kineto" / "ipc" / "dynolog").exists()
+            sockets = [line.split()[-1] for line in Path("/proc/net/unix").read_text().splitlines()[1:]
+                       if line.split()[-1].endswith("/dynolog")]
+            assert any("/gpuscope-sim-kineto-" in path for path in sockets), sockets
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -25,6 +25,6 @@ class AlertmanagerConfig(Section):
 
 class AlertingConfig(Section):
     enabled: bool = True
-    rules: RulesConfig = RulesConfig()
-    event_log: EventLogConfig = EventLogConfig()
-    alertmanager: AlertmanagerConfig = AlertmanagerConfig()
+    rules: RulesConfig = Field(default_factory=RulesConfig)
+    event_log: EventLogConfig = Field(default_factory=EventLogConfig)
+    alertmanager: AlertmanagerConfig = Field(default_factory=AlertmanagerConfig)

@@ -206,7 +206,7 @@ class WebhookConfig(Section):
 
 class CaptureConfig(Section):
     enabled: bool = Field(True, description="Take captures at all (alert, webhook and user triggers).")
-    store: StoreConfig = StoreConfig()
+    store: StoreConfig = Field(default_factory=StoreConfig)
     duration: Duration = Field(2.0, gt=0.0, description="Length of an alert-triggered capture; also the "
                                                         "default of a user request that names none.")
     max_duration: Duration = Field(MAX_DURATION_SECONDS, gt=0.0, le=MAX_DURATION_SECONDS,
@@ -232,8 +232,8 @@ class CaptureConfig(Section):
                           "no other port is looked at."))
     targets: list[StaticTarget] = Field(default_factory=list,
                                         description="Profiler services named by hand.")
-    kineto: KinetoConfig = KinetoConfig()
-    webhook: WebhookConfig = WebhookConfig()
+    kineto: KinetoConfig = Field(default_factory=KinetoConfig)
+    webhook: WebhookConfig = Field(default_factory=WebhookConfig)
 
     @model_validator(mode="after")
     def _duration_within_max(self) -> CaptureConfig:

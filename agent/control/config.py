@@ -106,4 +106,4 @@ class ControlConfig(Section):
                     "directory ($XDG_RUNTIME_DIR/gpuscope, or /tmp/gpuscope-<uid>).")
     socket_mode: Annotated[int, BeforeValidator(_octal_mode), AfterValidator(_socket_mode)] = Field(
         DEFAULT_SOCKET_MODE, description="Permissions of the socket (octal); who may connect may capture.")
-    tcp: TcpConfig = TcpConfig()
+    tcp: TcpConfig = Field(default_factory=TcpConfig)

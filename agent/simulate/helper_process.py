@@ -109,13 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     requests: queue.SimpleQueue[TraceRequest] = queue.SimpleQueue()
     recording = threading.Event()
     client = None
-    if args.kineto_daemon:
-        client = KinetoClient(args.kineto_daemon, on_trace=requests.put, busy=recording.is_set)
-        client.start()
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    work = TracedWork(shape, origin.get)
-    try:
+    try:  # from the first socket on: a SIGTERM at any point removes the client's socket file
+        if args.kineto_daemon:
+            client = KinetoClient(args.kineto_daemon, on_trace=requests.put, busy=recording.is_set)
+            client.start()
+        sys.stdout.write("ready\n")
+        sys.stdout.flush()
+        work = TracedWork(shape, origin.get)
         while True:
             request = requests.get()
             recording.set()

@@ -97,6 +97,9 @@ class KinetoClient:
         self._connected = False
         self._found = False
         self._stop = threading.Event()
+        # Binding makes the socket file; close() removes it. Both under this lock, so that no bind
+        # can come after close() (whose join may give up on a thread slowed by a busy machine).
+        self._bind_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="kineto-client", daemon=True)
 
     def start(self) -> None:
@@ -107,7 +110,8 @@ class KinetoClient:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * REPLY_WAIT_S)
-        sock, self._sock = self._sock, None
+        with self._bind_lock:
+            sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
             if not self._address.startswith("\0"):
@@ -146,26 +150,28 @@ class KinetoClient:
     def _connect(self) -> socket.socket | None:
         """The client socket, bound and connected to the daemon; None while there is no daemon (its
         socket directory or socket is missing, or nobody serves it)."""
-        if self._stop.is_set():
-            return None
-        if self._sock is None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            try:
-                sock.bind(self._address)
-            except OSError as err:
-                sock.close()
-                log.debug("cannot bind %r: %s", self._address, err)
+        with self._bind_lock:
+            if self._stop.is_set():
                 return None
-            self._sock = sock
+            if self._sock is None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                try:
+                    sock.bind(self._address)
+                except OSError as err:
+                    sock.close()
+                    log.debug("cannot bind %r: %s", self._address, err)
+                    return None
+                self._sock = sock
+            sock = self._sock
         if not self._connected:
             try:
-                self._sock.connect(self._target)
-            except OSError as err:
+                sock.connect(self._target)
+            except OSError as err:  # also a socket that close() has just closed
                 if err.errno not in (errno.ENOENT, errno.ECONNREFUSED):
                     log.debug("cannot reach the Kineto daemon %s: %s", self.daemon, err)
                 return None
             self._connected = True
-        return self._sock
+        return sock
 
     def _take_queued(self, sock: socket.socket) -> TraceRequest | None:
         """A reply that came after an earlier poll had stopped waiting for it."""

@@ -51,6 +51,7 @@ class Simulation:
         self._lib: FakeNvmlLib | None = None
         self._kubelet: FakeKubelet | None = None
         self._kubelet_dir: Path | None = None
+        self._kineto_dir: Path | None = None
 
     def now(self) -> float:
         """The current scenario time in seconds."""
@@ -77,6 +78,17 @@ class Simulation:
         if self._kubelet_dir is None:
             self._kubelet_dir = Path(tempfile.mkdtemp(prefix="gpuscope-sim-kubelet-"))
         return self._kubelet_dir / "kubelet.sock"
+
+    @property
+    def kineto_dir(self) -> Path:
+        """A private directory for the agent's Kineto daemon while it serves this simulation: its
+        socket in ``ipc/`` and the traces in ``traces/`` (made by the daemon). The helper processes
+        are told the daemon's address, so a simulated node needs no node-wide name (``@dynolog``, a
+        shared socket directory) that a real agent on the same machine may hold. Reading it makes the
+        directory, which ``uninstall`` removes."""
+        if self._kineto_dir is None:
+            self._kineto_dir = Path(tempfile.mkdtemp(prefix="gpuscope-sim-kineto-"))
+        return self._kineto_dir
 
     def install(self) -> None:
         """Start the helper processes and the simulated kubelet, then make pynvml call the fake
@@ -112,6 +124,9 @@ class Simulation:
             self._lib = None
         self._stop_kubelet()
         self._stop_helpers()
+        if self._kineto_dir is not None:
+            shutil.rmtree(self._kineto_dir, ignore_errors=True)
+            self._kineto_dir = None
 
     def _stop_kubelet(self) -> None:
         if self._kubelet is not None:
