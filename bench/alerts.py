@@ -7,7 +7,7 @@ Not a test: run by hand. The snapshots are made first, by the real sampler over 
 (``--scenario``, default ``bench-8x4``: 8 GPUs, 4 compute processes each, steady, input-bound,
 ramping and 0.8-busy GPUs, so several alerts are pending or firing), one per simulated second.
 Then a fresh engine with the default rules is fed ``--warmup`` snapshots (enough to fill the
-longest window: 2 minutes, so every rule judges full windows) and each following ``observe`` is
+longest window: 10 minutes, so every rule judges full windows) and each following ``observe`` is
 timed with perf_counter (after gc.freeze(), as the agent does once started). Reported: median,
 p99 and max per tick in µs, the share of each rule (timed separately, evaluate only) and of the
 history update, and the alerts active at the end.
@@ -75,7 +75,7 @@ def run(snapshots: list[Snapshot], warmup: int) -> dict[str, Any]:
         per_tick.append((time.perf_counter() - started) * 1e6)
 
     # The split: the history update, then each rule's evaluate alone (same snapshots, fresh objects).
-    history = NodeHistory(engine.history.longest_window_seconds)
+    history = NodeHistory(engine.history.longest_window_seconds, engine.history.span_windows)
     split: dict[str, list[float]] = {"history.observe": []} | {r.name: [] for r in engine.rules}
     for i, snap in enumerate(snapshots):
         started = time.perf_counter()
@@ -104,7 +104,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", default="bench-8x4")
     parser.add_argument("--ticks", type=int, default=600, help="timed ticks")
-    parser.add_argument("--warmup", type=int, default=150, help="ticks fed before timing (fill windows)")
+    parser.add_argument("--warmup", type=int, default=660, help="ticks fed first (fill 10m windows)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     snapshots = make_snapshots(args.scenario, args.warmup + args.ticks)

@@ -45,6 +45,9 @@ DOCUMENTED = {
                                                        "hysteresis": 0.05}),
     "GpuThrottled": ("warning", 120.0, 60.0, 60.0, {"min_fraction": 0.5, "hysteresis": 0.1}),
     "GpuXidError": ("critical", 30.0, 0.0, 300.0, {"benign": [13, 31, 43, 45]}),
+    "GpuHeldIdle": ("warning", 600.0, 300.0, 60.0, {"threshold": 0.05, "hysteresis": 0.05,
+                                                    "min_memory": 2**30}),
+    "GpuAllocatedUnused": ("warning", 600.0, 300.0, 60.0, {}),
 }
 
 
@@ -76,7 +79,7 @@ def test_values_from_yaml_reach_the_rules() -> None:
         "GpuXidError": {"benign": [13, 43, 45, 31, 68]},
     })
     rules = {r.name: r for r in build_rules(config)}
-    assert "GpuThrottled" not in rules and len(rules) == 6
+    assert "GpuThrottled" not in rules and len(rules) == len(RULES) - 1
     low = rules["GpuLowUtilization"]
     assert (low.config.threshold, low.window_seconds, low.for_seconds, low.clear_for_seconds,
             low.severity) == (0.7, 300.0, 600.0, 90.0, "info")
@@ -126,6 +129,15 @@ def test_an_unknown_key_inside_a_rule_is_refused_with_its_path() -> None:
      "got 0s"),
     ({"GpuXidError": {"clear_for": "25h"}},
      "alerting.rules.GpuXidError.clear_for: must be at most 24h, got 1500m (got '25h')"),
+    ({"GpuHeldIdle": {"min_memory": 0}},
+     "alerting.rules.GpuHeldIdle.min_memory: Input should be greater than or equal to 1 (got 0)"),
+    ({"GpuHeldIdle": {"min_memory": "lots"}},
+     "alerting.rules.GpuHeldIdle.min_memory: expected a size such as 1024, '512MiB' or '80GiB', got 'lots'"),
+    ({"GpuHeldIdle": {"threshold": 0}},
+     "alerting.rules.GpuHeldIdle.threshold: Input should be greater than 0 (got 0)"),
+    ({"GpuAllocatedUnused": {"window": "90m"}},
+     "alerting.rules.GpuAllocatedUnused.window: a window must be longer than 0 and at most 1h, "
+     "got 90m (got '90m')"),
 ])
 def test_out_of_range_values_are_refused_with_their_path(rules: dict[str, Any], expected: str) -> None:
     assert problems(rules) == [expected]
@@ -140,6 +152,7 @@ def test_out_of_range_values_are_refused_with_their_path(rules: dict[str, Any], 
     ({"GpuBusyButStalled": {"min_utilization": 0.3, "max_sm_active": 0.5}},
      "max_sm_active must be below min_utilization"),
     ({"GpuThrottled": {"reasons": ["sw_power_capp"]}}, "unknown clock event reason(s) ['sw_power_capp']"),
+    ({"GpuHeldIdle": {"threshold": 0.99}}, "threshold + hysteresis must be at most 1"),
 ])
 def test_inconsistent_rule_settings_are_refused(rules: dict[str, Any], expected: str) -> None:
     (problem,) = problems(rules)

@@ -309,3 +309,19 @@ def test_a_clearing_alert_says_so_and_quotes_its_last_evidence() -> None:
                              "last evidence: GPU 0 at 0.3")
     drive(engine, [(0.4,)], start=4)  # true again: the current evidence, no longer clearing
     assert engine.alerts()[0].summary == "GPU 0 at 0.4"
+
+
+def test_long_span_windows_keep_marks_not_every_tick() -> None:
+    """GpuHeldIdle and GpuAllocatedUnused judge 10-minute windows from marks: the per-tick ring stays
+    sized by the other rules' windows (2 minutes), so their history costs 60 marks per GPU, not 600
+    points."""
+    from gpuscope.alerts.rules import RulesConfig, build_rules
+
+    engine = AlertEngine(build_rules(RulesConfig()), hostname="n")
+    history = engine.history
+    assert history.longest_window_seconds == 120.0 and history.span_windows == (600.0, 600.0)
+    assert (history.maxlen(1.0), history.mark_step(1.0), history.marks(1.0)) == (137, 10.0, 65)
+    assert history.marks(0.1) == 65 and history.maxlen(0.1) == 1325  # marks do not grow at a short interval
+    for t in range(700):
+        engine.observe(make_snapshot(gpus=[make_gpu(0)], monotonic=float(t), timestamp=WALL0 + t))
+    assert len(history._gpus[0].marks) == 65 and len(history._gpus[0].points) == 137

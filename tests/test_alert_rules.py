@@ -7,17 +7,19 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
-from snapshots import make_gpu, make_process, make_snapshot
+from snapshots import GIB, MIB, make_gpu, make_process, make_snapshot
 
 from gpuscope.alerts.history import NodeHistory
+from gpuscope.alerts.rules.allocated_unused import AllocatedUnusedRule
 from gpuscope.alerts.rules.busy_but_stalled import BusyButStalledRule
 from gpuscope.alerts.rules.frequent_idle_dips import FrequentIdleDipsRule
+from gpuscope.alerts.rules.held_idle import HeldIdleRule
 from gpuscope.alerts.rules.low_utilization import LowUtilizationRule
 from gpuscope.alerts.rules.shared_by_processes import SharedByProcessesRule
 from gpuscope.alerts.rules.throttled import ThrottledRule
 from gpuscope.alerts.rules.utilization_skew import UtilizationSkewRule
 from gpuscope.alerts.rules.xid_error import XidErrorRule
-from gpuscope.snapshot import GpuReading
+from gpuscope.snapshot import GpuReading, PodContainer
 
 GpuFn = Callable[[int, float], dict[str, Any]]  # (gpu index, time) -> GpuReading overrides
 
@@ -58,7 +60,10 @@ def node(**per_gpu: Mapping[str, Any]) -> Callable[[float], list[GpuReading]]:
 
 
 def history_for(*rules: Any) -> NodeHistory:
-    return NodeHistory(max(r.window_seconds or 0.0 for r in rules))
+    """A history sized as the engine sizes it: a per-tick ring for the windows of most rules, marks
+    for the windows of those that judge spans (GpuHeldIdle, GpuAllocatedUnused)."""
+    return NodeHistory(max((r.window_seconds or 0.0 for r in rules if not r.span_window), default=0.0),
+                       [r.window_seconds for r in rules if r.span_window])
 
 
 # ------------------------------------------------------------------------ GpuLowUtilization
@@ -353,6 +358,163 @@ def test_xid_count_restart() -> None:
     assert XID.evaluate(h, frozenset())[0].values == {"xid_48": 1.0}
 
 
+# ------------------------------------------------------------------------ GpuHeldIdle
+
+HELD = HeldIdleRule.configured(window=60.0, threshold=0.05, hysteresis=0.05, min_memory=GIB)
+NOTEBOOK = (make_process(4242, name="ipykernel", memory_used_bytes=12 * GIB),)
+POD = (PodContainer("research", "notebook-alice", "notebook"),)
+
+
+def test_held_idle_fires_on_an_idle_gpu_a_process_holds() -> None:
+    h = history_for(HELD)
+    feed(h, 70, node(g1={"util": 0.01, "processes": NOTEBOOK, "pods": POD},
+                     g2={"util": 0.0, "procs": 0}))  # free: not held
+    found = HELD.evaluate(h, frozenset())
+    assert set(found) == {1}
+    c = found[1]
+    assert c.values == {"mean_utilization": pytest.approx(0.01), "threshold": 0.05,
+                        "memory_held_bytes": 12 * GIB, "holding_processes": 1.0}
+    assert c.summary == ("GPU 1 was busy 1.0% of the last 1m (below 5%) but is held by ipykernel (pid 4242, "
+                         "user alice, 12.0 GiB, on it for 1m); the kubelet allocated it to pod "
+                         "research/notebook-alice (container notebook)")
+
+
+def test_held_idle_needs_min_memory_and_counts_compute_processes_only() -> None:
+    h = history_for(HELD)
+    small = (make_process(1, name="probe", memory_used_bytes=512 * MIB),)
+    unknown = (make_process(2, name="mig-tenant", memory_used_bytes=None),)  # NVML did not say
+    graphics = (make_process(3, name="Xorg", kind="graphics", memory_used_bytes=4 * GIB),)
+    feed(h, 70, node(g0={"util": 0.0, "processes": small}, g1={"util": 0.0, "processes": unknown},
+                     g2={"util": 0.0, "processes": graphics}))
+    assert HELD.evaluate(h, frozenset()) == {}
+    assert set(HeldIdleRule.configured(window=60.0, min_memory="256MiB").evaluate(h, frozenset())) == {0}
+
+
+def test_held_idle_needs_the_process_on_the_gpu_for_the_whole_window() -> None:
+    h = history_for(HELD)
+    # The GPU idled free for a while; the process arrived 30 s ago, then another pid replaced it.
+    feed(h, 70, node(g1={"util": 0.0, "processes": lambda t: NOTEBOOK if t >= 40 else ()}))
+    assert HELD.evaluate(h, frozenset()) == {}
+    feed(h, 40, node(g1={"util": 0.0, "processes": NOTEBOOK}), start=70.0)  # on it since 40 s: 69 s now
+    assert set(HELD.evaluate(h, frozenset())) == {1}
+    other = (make_process(4343, name="ipykernel", memory_used_bytes=12 * GIB),)
+    feed(h, 10, node(g1={"util": 0.0, "processes": other}), start=110.0)
+    assert HELD.evaluate(h, frozenset()) == {}  # a new process: 10 s on the GPU
+
+
+def test_held_idle_hysteresis_and_a_busy_gpu() -> None:
+    h = history_for(HELD)
+    feed(h, 70, node(g1={"util": 0.07, "processes": NOTEBOOK}, g2={"util": 0.5, "processes": NOTEBOOK}))
+    assert HELD.evaluate(h, frozenset()) == {}  # 7 % >= 5 %: does not start; 50 %: working
+    assert set(HELD.evaluate(h, frozenset({1, 2}))) == {1}  # 7 % < 10 %: an active alert holds
+    h = history_for(HELD)
+    feed(h, 70, node(g1={"util": 0.1, "processes": NOTEBOOK}))
+    assert HELD.evaluate(h, frozenset({1})) == {}  # 10 %: clears
+
+
+def test_held_idle_judges_the_mean_of_the_window_not_the_last_tick() -> None:
+    h = history_for(HELD)
+    # Idle but for a 6-second burst at full speed in the last minute: 10 % over it.
+    feed(h, 130, node(g1={"util": lambda t: 1.0 if 100 <= t < 106 else 0.0, "processes": NOTEBOOK}))
+    assert HELD.evaluate(h, frozenset()) == {}
+    feed(h, 60, node(g1={"util": 0.0, "processes": NOTEBOOK}), start=130.0)
+    assert set(HELD.evaluate(h, frozenset())) == {1}  # the burst has left the window
+
+
+def test_held_idle_needs_utilization_for_most_of_the_window() -> None:
+    h = history_for(HELD)
+    feed(h, 70, node(g1={"util": None, "processes": NOTEBOOK},  # MIG: no utilization
+                     g2={"util": lambda t: 0.0 if t >= 40 else None, "processes": NOTEBOOK}))
+    assert HELD.evaluate(h, frozenset()) == {}
+
+
+def test_held_idle_names_several_holders_and_those_the_host_cannot_see() -> None:
+    h = history_for(HELD)
+    holders = (make_process(11, name="python3", memory_used_bytes=2 * GIB, user=None),
+               make_process(12, name=None, host_visible=False, user=None, memory_used_bytes=8 * GIB),
+               make_process(13, memory_used_bytes=3 * GIB), make_process(14, memory_used_bytes=3 * GIB),
+               make_process(15, memory_used_bytes=GIB))
+    feed(h, 70, node(g3={"util": 0.0, "processes": holders}))
+    c = HELD.evaluate(h, frozenset())[3]
+    assert c.values["memory_held_bytes"] == 17 * GIB and c.values["holding_processes"] == 5
+    assert c.summary == (
+        "GPU 3 was busy 0.0% of the last 1m (below 5%) but is held by a process the host cannot see "
+        "(pid 12, 8.0 GiB, on it for 1m), python3 (pid 13, user alice, 3.0 GiB, on it for 1m), python3 "
+        "(pid 14, user alice, 3.0 GiB, on it for 1m) and 2 more processes")
+
+
+def test_held_idle_keeps_its_holders_through_a_tick_whose_process_list_failed() -> None:
+    h = history_for(HELD)
+    feed(h, 50, node(g1={"util": 0.0, "processes": NOTEBOOK}))
+    # NVML's process listing failed at 50 s (sample_errors grew): the list read empty, unknown.
+    h.observe(make_snapshot(gpus=node(g1={"util": 0.0, "procs": 0})(50.0), monotonic=50.0,
+                            sample_errors={"processes": 1}))
+    feed(h, 20, node(g1={"util": 0.0, "processes": NOTEBOOK}), start=51.0)
+    occupancy = h.occupancy(1)
+    assert occupancy is not None and occupancy.held_since == {4242: 0.0}
+    assert set(HELD.evaluate(h, frozenset())) == {1}
+
+
+# ------------------------------------------------------------------------ GpuAllocatedUnused
+
+UNUSED = AllocatedUnusedRule.configured(window=60.0)
+TIME_SLICED = (PodContainer("research", "a", "main"), PodContainer("research", "a", "sidecar"),
+               PodContainer("team-b", "b", "main"))
+
+
+def test_allocated_unused_fires_on_a_pod_gpu_without_a_process() -> None:
+    h = history_for(UNUSED)
+    feed(h, 70, node(g0={"pods": POD},  # allocated and used
+                     g1={"util": 0.0, "procs": 0},  # free
+                     g2={"util": 0.0, "procs": 0, "pods": POD},
+                     g3={"util": 0.0, "procs": 0, "pods": TIME_SLICED}))
+    found = UNUSED.evaluate(h, frozenset())
+    assert set(found) == {2, 3}
+    assert found[2].values == {"unused_seconds": 69.0, "pods": 1.0}
+    assert found[2].summary == ("GPU 2 is allocated to pod research/notebook-alice (container notebook), but "
+                                "no process has held a context on it for 1m")
+    assert found[3].values["pods"] == 3.0
+    assert found[3].summary.startswith("GPU 3 is allocated to pods research/a (containers main, sidecar) and "
+                                       "team-b/b (container main), but no process")
+
+
+def test_allocated_unused_any_context_in_the_window_counts_graphics_too() -> None:
+    h = history_for(UNUSED)
+    brief = (make_process(7, name="cuda-check", memory_used_bytes=500 * MIB),)
+    graphics = (make_process(8, name="Xorg", kind="graphics", memory_used_bytes=64 * MIB),)
+    feed(h, 70, node(g1={"util": 0.0, "pods": POD, "processes": lambda t: brief if t == 30 else ()},
+                     g2={"util": 0.0, "pods": POD, "processes": graphics}))
+    assert UNUSED.evaluate(h, frozenset()) == {}
+    feed(h, 30, node(g1={"util": 0.0, "procs": 0, "pods": POD}), start=70.0)  # 69 s since the last one
+    found = UNUSED.evaluate(h, frozenset())
+    assert set(found) == {1} and found[1].values["unused_seconds"] == 69.0
+
+
+def test_allocated_unused_waits_a_whole_window_for_each_pod() -> None:
+    h = history_for(UNUSED)
+    first, second = PodContainer("research", "a", "main"), PodContainer("research", "b", "main")
+    feed(h, 70, node(g1={"util": 0.0, "procs": 0, "pods": lambda t: (first, second) if t >= 40 else (first,)},
+                     g2={"util": 0.0, "procs": 0, "pods": lambda t: (second,) if t >= 40 else (first,)}))
+    found = UNUSED.evaluate(h, frozenset())
+    assert set(found) == {1}  # GPU 2's pod has had it for 30 s only
+    assert "pod research/a (container main)," in found[1].summary and "research/b" not in found[1].summary
+
+
+def test_allocated_unused_counts_an_unknown_process_list_as_a_possible_context() -> None:
+    h = history_for(UNUSED)
+    idle = node(g1={"util": 0.0, "procs": 0, "pods": POD})
+    feed(h, 30, idle)
+    h.observe(make_snapshot(gpus=idle(30.0), monotonic=30.0, sample_errors={"graphics_processes": 2}))
+    feed(h, 40, idle, start=31.0)
+    assert UNUSED.evaluate(h, frozenset()) == {}  # the failed listing at 30 s is within the window
+    feed(h, 1, lambda t: [gpu(0), make_gpu(1, up=False, utilization_ratio=None, processes=(), pods=POD),
+                          gpu(2), gpu(3)], start=71.0)  # down: not judged, and not "no process"
+    feed(h, 59, idle, start=72.0)
+    assert UNUSED.evaluate(h, frozenset()) == {}  # 130 s: the down tick at 71 s is within (70, 130]
+    feed(h, 1, idle, start=131.0)
+    assert set(UNUSED.evaluate(h, frozenset())) == {1}
+
+
 # ------------------------------------------------------------------------ the history itself
 
 
@@ -400,6 +562,43 @@ def test_window_totals_match_a_recount_after_the_ring_wrapped() -> None:
         counted = w.idle_dips()
         if before and inside:
             assert counted is not None and counted[0] == inside[-1] - before[-1]
+
+
+def test_spans_match_a_recount_from_their_mark() -> None:
+    """A span's totals equal a recount of the points after its mark, which lies at most one mark
+    step before the window's start; early on it starts at the first point once 80 % is covered."""
+    rng = random.Random(3)
+    h = NodeHistory(0.0, [60.0, 600.0])
+    assert h.mark_step(1.0) == 1.0 and h.mark_step(0.5) == 1.0 and h.mark_step(5.0) == 5.0
+    kept: list[tuple[float, float | None]] = []
+
+    def reading(t: float) -> list[GpuReading]:
+        util = rng.choice([None, rng.random()])
+        kept.append((t, util))
+        return [gpu(0, util=util)]
+
+    feed(h, 40, reading)
+    assert h.span(0, 60.0) is None  # 40 s of 60
+    feed(h, 10, reading, start=40.0)
+    span = h.span(0, 60.0)
+    assert span is not None and span.n == 50  # 50 s of 60: from the first point
+    feed(h, 1000, reading, start=50.0)
+    assert len(h._gpus[0].marks) == h.marks(1.0) == 605
+    for seconds in (60.0, 600.0):
+        span = h.span(0, seconds)
+        assert span is not None
+        inside = [u for t, u in kept if t > 1049 - seconds]  # (now - seconds, now]: a mark every second
+        assert span.n == len(inside) == seconds
+        fraction, mean = span.utilization()
+        known = [u for u in inside if u is not None]
+        assert fraction == pytest.approx(len(known) / len(inside))
+        assert mean == pytest.approx(sum(known) / len(known))
+    assert h.span(0, 700.0) is None  # longer than the marks kept
+    coarse = NodeHistory(0.0, [600.0])  # a mark every 10 s
+    feed(coarse, 1000, lambda t: [gpu(0, util=0.5 if t % 2 else 0.0)])
+    span = coarse.span(0, 600.0)
+    assert span is not None and 600 <= span.n < 610
+    assert span.utilization() == (1.0, pytest.approx(0.25, abs=0.01))
 
 
 def test_history_coverage_and_a_replaced_gpu() -> None:

@@ -7,8 +7,14 @@ start, the other GPUs healthy. The alert must fire on that GPU, and nowhere else
 which reads only the latest tick, the start). And on the ``healthy`` scenario nothing at all
 happens (not even a pending alert) in 10 minutes.
 
+The rules that watch for a GPU held or allocated while idle (``GpuHeldIdle``,
+``GpuAllocatedUnused``) judge 10-minute windows and wait 5 more: on every other bundled scenario,
+with their windows shortened to a minute by configuration, they do not even go pending in 10
+minutes.
+
 Simulated time runs on a manual clock, 1 s per tick, as fast as the sampler goes (about 2 ms a
-tick): 10 simulated minutes take about a second.
+tick): 10 simulated minutes take about a second. Where a scenario allocates GPUs to pods, its
+simulated kubelet is asked once, as the agent would at start.
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ import pytest
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.model import Transition
 from gpuscope.alerts.rules import RulesConfig, build_rules
+from gpuscope.host.pods import PodAttribution
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml.boundary import Nvml
 from gpuscope.sampler import Sampler
-from gpuscope.simulate import Simulation, load_scenario
+from gpuscope.simulate import Simulation, bundled_scenarios, load_scenario
 
 DEFAULTS = RulesConfig()
 RULES = {r.name: r for r in build_rules(DEFAULTS)}
@@ -40,29 +47,38 @@ class ManualClock:
 
 @dataclass
 class Run:
-    """A scenario sampled tick by tick into an engine with the default rules."""
+    """A scenario sampled tick by tick into an engine with the default rules (or ``rules``)."""
 
     name: str
+    rules: RulesConfig = DEFAULTS
     clock: ManualClock = field(default_factory=ManualClock)
     transitions: list[tuple[float, Transition]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.scenario = load_scenario(self.name)
         self.simulation = Simulation(self.scenario, clock=self.clock)
-        self.engine = AlertEngine(build_rules(DEFAULTS), hostname="sim-node")
+        self.engine = AlertEngine(build_rules(self.rules), hostname="sim-node")
         self.engine.add_listener(lambda t: self.transitions.append((self.clock.now, t)))
         self.xid_times = sorted(x.at for g in self.scenario.gpus for x in g.xid)
+        self.pods: PodAttribution | None = None
 
     def __enter__(self) -> Run:
         self.simulation.install()
+        socket = self.simulation.kubelet_socket
+        if socket is not None:  # the scenario's pods never change: one answer, as at the agent's start
+            self.pods = PodAttribution(socket, refresh_interval=3600.0, timeout=5.0, keep_for=3600.0,
+                                       clock=self.clock)
+            self.pods.refresh()
         self.sampler = Sampler(Nvml(clock=self.clock), ProcessInspector(host_pid_namespace=True),
                                clock=self.clock, wall_clock=lambda: 1.7e9 + self.clock.now,
-                               hostname="sim-node")
+                               hostname="sim-node", pods=self.pods.pods_for if self.pods else None)
         self.sampler.add_listener(self.engine.on_snapshot)  # as the agent wires it
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.sampler.stop()
+        if self.pods is not None:
+            self.pods.stop()
         self.simulation.uninstall()
 
     def until(self, end: float) -> None:
@@ -113,7 +129,11 @@ CASES = [
     Case("alert-stalled", "GpuBusyButStalled", 2, window("GpuBusyButStalled")),
     Case("alert-throttled", "GpuThrottled", 3, window("GpuThrottled")),
     Case("alert-xid", "GpuXidError", 2, 60.0),  # the scenario's Xid 48 at 60 s
+    # A GPU held by an idle process is also a job below 80 % to GpuLowUtilization.
+    Case("alert-held-idle", "GpuHeldIdle", 1, window("GpuHeldIdle"), frozenset({("GpuLowUtilization", 1)})),
+    Case("alert-allocated-unused", "GpuAllocatedUnused", 2, window("GpuAllocatedUnused")),
 ]
+IDLE_RULES = ("GpuHeldIdle", "GpuAllocatedUnused")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.rule for c in CASES])
@@ -168,14 +188,58 @@ def test_healthy_node_raises_nothing_in_ten_minutes() -> None:
 
 
 def test_the_demo_node_shows_every_rule() -> None:
-    """The README's demo scenario is meant to show every pattern: each rule fires on it."""
+    """The README's demo scenario is meant to show every pattern of a GPU at work: each rule fires
+    on it but those of a GPU held or allocated while idle (every demo GPU works)."""
     with Run("demo") as run:
         run.until(450.0)  # a 5-minute loop and a half: the lagging phase's window fills after 5m
     fired = {rule for rule, _gpu in run.fired()}
-    assert fired == set(RULES), sorted(set(RULES) - fired)
+    assert fired == set(RULES) - set(IDLE_RULES), sorted(set(RULES) - set(IDLE_RULES) - fired)
     where: dict[str, set[int]] = {}
     for rule, gpu in run.fired():
         where.setdefault(rule, set()).add(gpu)
     assert where["GpuSharedByProcesses"] == {2} and where["GpuBusyButStalled"] == {3}
     assert where["GpuThrottled"] == {0} and where["GpuXidError"] == {3}
     assert where["GpuFrequentIdleDips"] == {1}
+
+
+# ------------------------------------------------------------------------ a GPU held or allocated while idle
+
+# Their windows and `for` shortened by configuration, so that 10 simulated minutes are ten windows.
+SHORT = RulesConfig.model_validate({name: {"window": "1m", "for": "10s"} for name in IDLE_RULES})
+WORKING = sorted(set(bundled_scenarios()) - {c.scenario for c in CASES if c.rule in IDLE_RULES})
+
+
+@pytest.mark.parametrize("scenario", WORKING)
+def test_held_and_allocated_idle_stay_quiet_on_every_other_scenario(scenario: str) -> None:
+    with Run(scenario, SHORT) as r:
+        r.until(600)
+    assert not [(at, t.name, t.gpu, t.state) for at, t in r.transitions if t.name in IDLE_RULES]
+
+
+def test_held_idle_fires_with_a_short_window_and_names_the_notebook_and_its_pod() -> None:
+    """The pattern with a 1-minute window: fired at window + `for`, on GPU 1 only."""
+    with Run("alert-held-idle", SHORT) as r:
+        r.until(100)
+    fired = {key: at for key, at in r.fired().items() if key[0] in IDLE_RULES}
+    assert fired == {("GpuHeldIdle", 1): pytest.approx(70, abs=2)}
+    (alert,) = [a for a in r.engine.alerts() if a.name == "GpuHeldIdle"]
+    assert alert.state == "firing" and alert.gpu == 1
+    assert alert.values["memory_held_bytes"] == 12 * 2**30 and alert.values["mean_utilization"] < 0.05
+    summary = alert.summary
+    assert summary.startswith("GPU 1 was busy ")
+    assert "of the last 1m (below 5%) but is held by ipykernel (pid " in summary
+    assert ", 12.0 GiB, on it for 1m)" in summary
+    assert summary.endswith("; the kubelet allocated it to pod research/notebook-alice (container notebook)")
+
+
+def test_allocated_unused_names_the_pod_and_a_late_start_is_not_unused() -> None:
+    """At the default window (10m): GPU 1's pod starts its process at 3m, well within it."""
+    sooner = RulesConfig.model_validate({"GpuAllocatedUnused": {"for": "10s"}})
+    with Run("alert-allocated-unused", sooner) as r:
+        r.until(615)
+    (alert,) = r.engine.alerts()
+    assert (alert.name, alert.gpu, alert.state) == ("GpuAllocatedUnused", 2, "firing")
+    assert alert.summary == ("GPU 2 is allocated to pod research/preprocess-7 (container tokenizer), but no "
+                             "process has held a context on it for 10m")
+    assert alert.values == {"unused_seconds": 615.0, "pods": 1.0}
+    assert {t.gpu for _, t in r.transitions} == {2}

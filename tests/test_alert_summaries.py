@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 import pytest
-from test_alert_rules import CAP, dips_every, feed, history_for, node
+from test_alert_rules import CAP, NOTEBOOK, POD, dips_every, feed, history_for, node
 
 from gpuscope.alerts.history import NodeHistory
 from gpuscope.alerts.rules import RULES
@@ -82,6 +82,21 @@ CASES: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
          "GPU 2 reported Xid 48 (double-bit ECC error) in the last 30s"),
         None,
     ),
+    "GpuHeldIdle": (
+        (620, {"g1": {"util": 0.012, "processes": NOTEBOOK, "pods": POD}},
+         "GPU 1 was busy 1.2% of the last 10m (below 5%) but is held by ipykernel (pid 4242, user alice, "
+         "12.0 GiB, on it for 10m); the kubelet allocated it to pod research/notebook-alice (container "
+         "notebook)"),
+        (620, {"g1": {"util": 0.0999, "processes": NOTEBOOK}},
+         "GPU 1 was busy 9.99% of the last 10m and is held by ipykernel (pid 4242, user alice, 12.0 GiB, "
+         "on it for 10m): no longer below 5%, but the alert holds until it reaches 10%"),
+    ),
+    "GpuAllocatedUnused": (
+        (620, {"g2": {"util": 0.0, "procs": 0, "pods": POD}},
+         "GPU 2 is allocated to pod research/notebook-alice (container notebook), but no process has held a "
+         "context on it for 10m"),
+        None,  # no hysteresis: whether a process held a context is yes or no
+    ),
 }
 DEFAULT = {rule.name: rule.configured() for rule in RULES}
 
@@ -136,6 +151,15 @@ def test_the_alert_stops_holding_exactly_at_threshold_plus_hysteresis() -> None:
                           (DEFAULT["GpuUtilizationSkew"], {"g2": {"util": 0.8}}),  # gap 0.15
                           (DEFAULT["GpuBusyButStalled"], {"g2": {"util": 0.9, "sm_active_ratio": 0.35}})]:
         assert summaries(rule, 150, **per_gpu) == (None, None), rule.name
+
+
+def test_held_idle_stops_holding_exactly_at_threshold_plus_hysteresis_and_starts_below_it() -> None:
+    rule = DEFAULT["GpuHeldIdle"]
+    assert summaries(rule, 620, g1={"util": 0.1, "processes": NOTEBOOK}) == (None, None)
+    fresh, active = summaries(rule, 620, g1={"util": 0.04996, "processes": NOTEBOOK})
+    assert fresh == active and fresh is not None and "busy 4.996% of the last 10m (below 5%)" in fresh
+    _, active = summaries(rule, 620, g1={"util": 0.05, "processes": NOTEBOOK})
+    assert active is not None and "busy 5.0% of the last 10m and is held by" in active
 
 
 @pytest.mark.parametrize(("util", "shown"), [

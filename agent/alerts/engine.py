@@ -71,8 +71,9 @@ class AlertEngine:
         self.rules = tuple(rules)
         self.hostname = hostname
         self._health = health
-        windows = [r.window_seconds for r in rules if r.window_seconds is not None]
-        self.history = NodeHistory(max(windows, default=0.0))
+        windows = [r.window_seconds for r in rules if r.window_seconds is not None and not r.span_window]
+        spans = [r.window_seconds for r in rules if r.window_seconds is not None and r.span_window]
+        self.history = NodeHistory(max(windows, default=0.0), spans)
         self._states: dict[str, dict[int, _State]] = {r.name: {} for r in rules}
         self._listeners: list[TransitionListener] = []
         self._lock = threading.Lock()

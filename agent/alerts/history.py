@@ -9,6 +9,14 @@ that judge the same window share it.
 
 Each point stands for the interval that ends at it (its utilization is the mean of the driver
 samples since the previous tick), so the history *covers* ``now - oldest + interval`` seconds.
+
+Rules whose windows are long (minutes of a GPU held or allocated while idle) do not need every tick:
+each GPU also keeps *marks*, one of its points every few seconds (a sixtieth of the shortest such
+window, at least a tick), and ``NodeHistory.span`` differences the latest point against the mark at
+the window's start. Ten minutes at a 1 s interval are then 60 marks rather than 600 points. Each GPU
+also keeps what such rules read of the present: its latest reading, since when each of its compute
+processes has held it, since when each pod container has been allocated it, and when a process last
+held a context on it (``Occupancy``).
 """
 
 from __future__ import annotations
@@ -17,16 +25,19 @@ import bisect
 import itertools
 import math
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import NamedTuple
 
-from gpuscope.snapshot import GpuReading, Snapshot
+from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot
 
 # Below this fraction of a window covered by history (the agent's first seconds, a GPU just seen),
 # rules do not judge the window: a few seconds of data are no evidence of a trend.
 MIN_COVERAGE = 0.8
 _MARGIN_POINTS = 5  # points kept beyond the longest window (a baseline before it, clock jitter)
+MARKS_PER_WINDOW = 60  # marks per shortest span window: its start is placed to a sixtieth of it
 _NO_XIDS: Mapping[int, int] = {}
+# NVML readings whose failure leaves a tick's process lists unknown (Snapshot.sample_errors keys).
+_PROCESS_READINGS = ("processes", "graphics_processes")
 
 
 class Point(NamedTuple):
@@ -52,9 +63,12 @@ class Point(NamedTuple):
     n_dips: int  # points with an idle-dip counter reading
     dips: int  # idle dips counted (the counter's increments; a counter that went down restarts)
     n_reasons: int  # points with clock event reasons
+    k: int  # points so far (this one included)
+    n_util: int  # points with utilization, with or without a process
+    sum_util: float  # ... the sum of their utilization
 
 
-_ZERO = Point(0.0, False, None, None, None, (), _NO_XIDS, None, 0, 0.0, 0, 0.0, 0.0, 0, 0, 0)
+_ZERO = Point(0.0, False, None, None, None, (), _NO_XIDS, None, 0, 0.0, 0, 0.0, 0.0, 0, 0, 0, 0, 0, 0.0)
 
 
 def point_of(reading: GpuReading, t: float, prev: Point | None, last_dips: int | None) -> Point:
@@ -80,9 +94,13 @@ def point_of(reading: GpuReading, t: float, prev: Point | None, last_dips: int |
         if last_dips is not None:
             dips += dips_total - last_dips if dips_total >= last_dips else dips_total
     reasons = reading.clock_event_reasons
+    n_util, sum_util = p.n_util, p.sum_util
+    if util is not None:
+        n_util += 1
+        sum_util += util
     return Point(t, reading.up, util, sm, reasons, names, reading.xid_errors or _NO_XIDS, dips_total,
                  n_busy, sum_busy, n_sm, sum_sm_util, sum_sm, n_dips, dips,
-                 p.n_reasons + (reasons is not None))
+                 p.n_reasons + (reasons is not None), p.k + 1, n_util, sum_util)
 
 
 class Window:
@@ -177,23 +195,89 @@ def _before(p: Point) -> Point:
         n_busy=p.n_busy - busy, sum_busy=p.sum_busy - (p.utilization or 0.0) * busy,
         n_sm=p.n_sm - sm, sum_sm_util=p.sum_sm_util - (p.utilization or 0.0) * sm,
         sum_sm=p.sum_sm - (p.sm_active or 0.0) * sm,
-        n_reasons=p.n_reasons - (p.clock_event_reasons is not None))
+        n_reasons=p.n_reasons - (p.clock_event_reasons is not None),
+        k=p.k - 1, n_util=p.n_util - (p.utilization is not None),
+        sum_util=p.sum_util - (p.utilization or 0.0))
+
+
+class Span:
+    """One GPU's totals from a mark at (or just before) the start of a long window to its latest
+    point: the window rounded out to the mark before it (see ``NodeHistory.span``)."""
+
+    __slots__ = ("_base", "last", "n")
+
+    def __init__(self, base: Point, last: Point) -> None:
+        self._base = base
+        self.last = last
+        self.n = last.k - base.k  # the points after the mark, up to and including the latest
+
+    def utilization(self) -> tuple[float, float | None]:
+        """(fraction of the span's points with a utilization reading, with or without a process;
+        their mean utilization, None if none)."""
+        n = self.last.n_util - self._base.n_util
+        if not n:
+            return 0.0, None
+        return n / self.n, _mean(self.last.sum_util - self._base.sum_util, n)
+
+
+class Occupancy:
+    """Who holds one GPU now and since when, as far as the agent has seen: updated in place each tick.
+
+    Times are the snapshots' monotonic clock. A tick at which the process lists are not known (the
+    GPU is down, or NVML's process listing failed) changes neither ``processes`` nor ``held_since``,
+    and counts as a tick at which a process may have held a context (``last_context``): an unknown
+    is never taken for "no process".
+    """
+
+    __slots__ = ("first_seen", "held_since", "last_context", "pods_since", "processes", "reading")
+
+    def __init__(self, t: float, reading: GpuReading) -> None:
+        self.first_seen = t  # the first tick of this GPU (this UUID at this index)
+        self.reading = reading  # the latest reading
+        self.processes: tuple[ProcessReading, ...] = ()  # the latest known process list
+        self.held_since: dict[int, float] = {}  # compute process pid -> first tick it was seen on the GPU
+        self.pods_since: dict[PodContainer, float] = {}  # allocated pod container -> first tick seen
+        self.last_context: float | None = None  # last tick with a process on the GPU, or an unknown list
+
+    def update(self, t: float, reading: GpuReading, processes_known: bool) -> None:
+        self.reading = reading
+        if reading.pods or self.pods_since:
+            pods = self.pods_since
+            self.pods_since = {pod: pods.get(pod, t) for pod in reading.pods}
+        if not (reading.up and processes_known):
+            self.last_context = t
+            return
+        processes = self.processes = reading.processes
+        if processes:
+            self.last_context = t
+        held = self.held_since
+        if processes or held:
+            self.held_since = {p.pid: held.get(p.pid, t) for p in processes if p.kind == "compute"}
 
 
 class _GpuHistory:
-    """One GPU's points, and per set of clock event reasons a rule asked about, the running count
-    of points at which one of them was active (a deque aligned with the points)."""
+    """One GPU's points, its marks (every ``mark_step`` seconds, for spans), its occupancy, and per
+    set of clock event reasons a rule asked about, the running count of points at which one of them
+    was active (a deque aligned with the points)."""
 
-    __slots__ = ("_matches", "last_dips", "points", "uuid")
+    __slots__ = ("_matches", "last_dips", "mark_step", "marks", "occupancy", "points", "uuid")
 
-    def __init__(self, uuid: str, maxlen: int) -> None:
+    def __init__(self, uuid: str, maxlen: int, *, mark_step: float, marks: int, t: float,
+                 reading: GpuReading) -> None:
         self.uuid = uuid
         self.points: deque[Point] = deque(maxlen=maxlen)
+        self.mark_step = mark_step
+        self.marks: deque[Point] = deque(maxlen=marks)
+        self.occupancy = Occupancy(t, reading)
         self.last_dips: int | None = None  # the latest idle-dip counter reading
         self._matches: dict[frozenset[str], deque[int]] = {}
 
-    def append(self, point: Point) -> None:
+    def append(self, point: Point, reading: GpuReading, processes_known: bool) -> None:
         self.points.append(point)
+        marks = self.marks
+        if marks.maxlen and (not marks or point.t - marks[-1].t >= self.mark_step - 1e-9):
+            marks.append(point)
+        self.occupancy.update(point.t, reading, processes_known)
         if point.idle_dips_total is not None:
             self.last_dips = point.idle_dips_total
         if self._matches:
@@ -214,34 +298,57 @@ class _GpuHistory:
 
 
 class NodeHistory:
-    """The recent past of every GPU of the node, fed one Snapshot per tick (sampler thread)."""
+    """The recent past of every GPU of the node, fed one Snapshot per tick (sampler thread).
 
-    def __init__(self, longest_window_seconds: float) -> None:
+    ``longest_window_seconds`` sizes the per-tick ring (``window``); ``span_windows`` are the windows
+    rules judge from marks (``span``), which size the marks and their spacing (none: no marks).
+    """
+
+    def __init__(self, longest_window_seconds: float, span_windows: Collection[float] = ()) -> None:
         self.longest_window_seconds = longest_window_seconds
+        self.span_windows = tuple(sorted(span_windows))
         self.now = 0.0  # monotonic time of the latest snapshot
         self.interval = 1.0  # the sampler's interval (from the snapshots)
         self.present: frozenset[int] = frozenset()  # GPUs in the latest snapshot
         self.up: frozenset[int] = frozenset()  # ... of which readable
         self._gpus: dict[int, _GpuHistory] = {}
         self._windows: dict[tuple[int, float, float], Window | None] = {}
+        self._process_errors = 0  # failed process listings so far (Snapshot.sample_errors)
 
     def maxlen(self, interval: float) -> int:
         """Points kept per GPU: the longest window at this interval, plus a small margin."""
         return math.ceil(self.longest_window_seconds / interval * 1.1) + _MARGIN_POINTS
 
+    def mark_step(self, interval: float) -> float:
+        """Seconds between marks: a sixtieth of the shortest span window, at least one interval."""
+        spans = self.span_windows
+        return max(interval, spans[0] / MARKS_PER_WINDOW) if spans else 0.0
+
+    def marks(self, interval: float) -> int:
+        """Marks kept per GPU: the longest span window, plus a small margin (0 without spans)."""
+        spans = self.span_windows
+        return math.ceil(spans[-1] / self.mark_step(interval)) + _MARGIN_POINTS if spans else 0
+
     def observe(self, snapshot: Snapshot) -> None:
         t = snapshot.monotonic
         self.now = t
-        self.interval = snapshot.interval_seconds
+        interval = self.interval = snapshot.interval_seconds
         self._windows.clear()
+        errors = snapshot.sample_errors
+        process_errors = sum([errors.get(r, 0) for r in _PROCESS_READINGS]) if errors else 0
+        processes_known = process_errors == self._process_errors  # no process listing failed this tick
+        self._process_errors = process_errors
         gpus = self._gpus
         up = []
         for reading in snapshot.gpus:
             history = gpus.get(reading.index)
             if history is None or history.uuid != reading.uuid:  # new, or another GPU at this index
-                history = gpus[reading.index] = _GpuHistory(reading.uuid, self.maxlen(self.interval))
+                history = gpus[reading.index] = _GpuHistory(
+                    reading.uuid, self.maxlen(interval), mark_step=self.mark_step(interval),
+                    marks=self.marks(interval), t=t, reading=reading)
             points = history.points
-            history.append(point_of(reading, t, points[-1] if points else None, history.last_dips))
+            history.append(point_of(reading, t, points[-1] if points else None, history.last_dips),
+                           reading, processes_known)
             if reading.up:
                 up.append(reading.index)
         self.present = frozenset(r.index for r in snapshot.gpus)
@@ -254,6 +361,29 @@ class NodeHistory:
     def latest(self, gpu: int) -> Point | None:
         history = self._gpus.get(gpu)
         return history.points[-1] if history is not None and history.points else None
+
+    def occupancy(self, gpu: int) -> Occupancy | None:
+        """Who holds the GPU and since when; None for a GPU never seen."""
+        history = self._gpus.get(gpu)
+        return history.occupancy if history is not None else None
+
+    def span(self, gpu: int, seconds: float, min_coverage: float = MIN_COVERAGE) -> Span | None:
+        """The GPU's totals over the last ``seconds`` (one of ``span_windows``), from the newest mark
+        at or before their start: up to one mark step more. Early on, from the GPU's first point
+        once the history covers ``min_coverage`` of them. None when it covers less, the GPU has no
+        point now, or the window is longer than the marks kept."""
+        history = self._gpus.get(gpu)
+        if history is None or not history.marks or history.points[-1].t != self.now:
+            return None
+        marks = history.marks
+        last = history.points[-1]
+        i = bisect.bisect_right(marks, self.now - seconds + 1e-9, key=_time)
+        if i > 0:
+            return Span(marks[i - 1], last)
+        first = marks[0]
+        if first.k != 1 or self.now - first.t + self.interval < min_coverage * seconds - 1e-9:
+            return None
+        return Span(_before(first), last)
 
     def window(self, gpu: int, seconds: float, min_coverage: float = MIN_COVERAGE) -> Window | None:
         """The GPU's points of the last ``seconds``; None when the history covers less than

@@ -12,6 +12,7 @@ alerting:
     GpuLowUtilization: {threshold: 0.7, window: 5m, for: 5m}
     GpuSharedByProcesses: {allow: [nvidia-cuda-mps-server, my-sidecar]}
     GpuThrottled: {enabled: false}
+    GpuHeldIdle: {min_memory: 4GiB, window: 30m}
 ```
 """
 
@@ -22,9 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import create_model
 
+from gpuscope.alerts.rules.allocated_unused import AllocatedUnusedRule
 from gpuscope.alerts.rules.base import MAX_WINDOW_POINTS, Rule, RuleConfig
 from gpuscope.alerts.rules.busy_but_stalled import BusyButStalledRule
 from gpuscope.alerts.rules.frequent_idle_dips import FrequentIdleDipsRule
+from gpuscope.alerts.rules.held_idle import HeldIdleRule
 from gpuscope.alerts.rules.low_utilization import LowUtilizationRule
 from gpuscope.alerts.rules.shared_by_processes import SharedByProcessesRule
 from gpuscope.alerts.rules.throttled import ThrottledRule
@@ -42,6 +45,8 @@ RULES: tuple[type[Rule[Any]], ...] = (
     BusyButStalledRule,
     ThrottledRule,
     XidErrorRule,
+    HeldIdleRule,
+    AllocatedUnusedRule,
 )
 RULE_TYPES: Mapping[str, type[Rule[Any]]] = {rule.name: rule for rule in RULES}
 # Whether a rule's firing takes a capture when capture.rules does not say.

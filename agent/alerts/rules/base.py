@@ -23,7 +23,7 @@ it is compared with so that rounding never puts it on or across one.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, ClassVar, Generic, TypeVar
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
@@ -32,6 +32,7 @@ from gpuscope.alerts.history import NodeHistory, Window
 from gpuscope.alerts.model import Condition, Severity
 from gpuscope.common.config_types import Section
 from gpuscope.common.durations import format_duration, parse_duration
+from gpuscope.snapshot import PodContainer
 
 BUSY_FRACTION = 0.8  # a window "has a job" when a compute process ran during this much of it
 MAX_WINDOW_SECONDS = 3600.0  # bounds the history kept per GPU
@@ -121,6 +122,36 @@ def _sign(x: float) -> int:
     return (x > 0) - (x < 0)
 
 
+def elapsed_text(seconds: float) -> str:
+    """A time something has lasted, to the minute past one: 45s, 12m, 2h5m (rounded down)."""
+    whole = max(0, int(seconds + 1e-6))
+    if whole < 60:
+        return f"{whole}s"
+    hours, minutes = divmod(whole // 60, 60)
+    if not hours:
+        return f"{minutes}m"
+    return f"{hours}h{minutes}m" if minutes else f"{hours}h"
+
+
+def listing(items: Sequence[str], *, most: int = 3, more: str = "more") -> str:
+    """"a", "a and b", "a, b and c", "a, b, c and 2 more": at most ``most`` shown."""
+    shown = list(items[:most])
+    if len(items) > most:
+        shown.append(f"{len(items) - most} {more}")
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+
+
+def pods_text(pods: Iterable[PodContainer]) -> str:
+    """Pod containers as a summary names them: "pod research/nb-0 (container lab)", "pods a/x
+    (containers c, d) and b/y (container e)"."""
+    by_pod: dict[tuple[str, str], list[str]] = {}
+    for pod in sorted(pods):
+        by_pod.setdefault((pod.namespace, pod.pod), []).append(pod.container)
+    named = [f"{namespace}/{name} (container{'s' if len(containers) > 1 else ''} {', '.join(containers)})"
+             for (namespace, name), containers in by_pod.items()]
+    return f"pod{'s' if len(named) > 1 else ''} {listing(named)}"
+
+
 class RuleConfig(Section):
     """The keys of every rule; each rule's model adds its ``window`` (unless it reads only the latest
     tick), ``for``, ``clear_for`` and thresholds, with their defaults."""
@@ -144,6 +175,9 @@ class Rule(Generic[ConfigT]):
     config_model: ClassVar[type[RuleConfig]]
     captures_by_default: ClassVar[bool]
     include_down: ClassVar[bool] = False  # evaluated on GPUs that are down this tick (Xid only)
+    # Judges its window from the history's marks and occupancy (NodeHistory.span, .occupancy), not
+    # from every tick: its window, however long, does not size the per-tick ring.
+    span_window: ClassVar[bool] = False
 
     def __init__(self, config: ConfigT) -> None:
         self.config = config
