@@ -19,9 +19,17 @@ import pytest
 from agent_process import free_port, run_agent
 
 
-def gpuscope(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpuscope", *args],
+def gpuscope(*args: str, timeout: float = 60, env: dict[str, str] | None = None,
+             ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuscope", *args], env=env,
                           capture_output=True, text=True, check=False, timeout=timeout)
+
+
+def own_paths(tmp_path: Path) -> dict[str, str]:
+    """The environment with every file the agent keeps under ``tmp_path``: what an agent or a demo
+    run earlier on this machine left in the default places must not show in the test's output."""
+    return {**os.environ, "GPUSCOPE_CAPTURE__STORE__ROOT": str(tmp_path / "captures"),
+            "GPUSCOPE_CONTROL__SOCKET": str(tmp_path / "control.sock")}
 
 
 def test_config_check_accepts_a_good_file(tmp_path: Path) -> None:
@@ -180,7 +188,8 @@ def test_busy_port_is_a_clear_startup_error(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = gpuscope("run", "--web.listen-address", f"127.0.0.1:{port}", timeout=30)
+        result = gpuscope("run", "--web.listen-address", f"127.0.0.1:{port}", timeout=30,
+                          env=own_paths(tmp_path))
     assert result.returncode != 0
     assert str(port) in result.stderr and "Traceback" not in result.stderr
     assert result.stderr.count("cannot listen") == 1, result.stderr  # said once, not wrapped twice

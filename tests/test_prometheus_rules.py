@@ -82,3 +82,23 @@ def test_every_alert_is_unit_tested() -> None:
     firing = {case["alertname"] for test in tests for case in test.get("alert_rule_test", [])
               if case.get("exp_alerts")}
     assert firing == set(alerting_rules()), "every alert needs a case where it fires"
+
+
+RECORDING_RULES = ROOT / "deploy" / "prometheus" / "gpuscope-recording-rules.yml"
+RECORDING_RULE_TESTS = ROOT / "deploy" / "prometheus" / "tests" / "gpuscope-recording-rules.test.yml"
+
+
+def test_promtool_checks_and_unit_tests_the_recording_rules() -> None:
+    groups = yaml.safe_load(RECORDING_RULES.read_text())["groups"]
+    rules = [rule for group in groups for rule in group["rules"]]
+    assert all("record" in rule for rule in rules)
+    result = run_promtool("check", "rules", str(RECORDING_RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+    result = run_promtool("test", "rules", str(RECORDING_RULE_TESTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_rule_file_has_its_unit_tests() -> None:
+    tests = sorted(p.name for p in (ROOT / "deploy" / "prometheus" / "tests").glob("*.test.yml"))
+    assert tests == sorted([RULE_TESTS.name, RECORDING_RULE_TESTS.name])

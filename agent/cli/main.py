@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuscope.cli.capture import add_capture_commands
 
     add_capture_commands(sub)
+    from gpuscope.cli.report import add_report_command
+
+    add_report_command(sub)
     return parser
 
 
@@ -99,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpuscope.cli.capture import run_capture_command
 
         return run_capture_command(args)
+    if args.command == "report":
+        from gpuscope.cli.report import run_report_command
+
+        return run_report_command(args)
     if args.command == "config":
         return _config_check(args.file)
     if args.command == "scenarios":

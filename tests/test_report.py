@@ -1,0 +1,163 @@
+"""`gpuscope report` without a Prometheus: flags, times, credentials, the queries, and every failure of
+the HTTP API as one line on stderr (a tiny stand-in server on loopback plays the failing server)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import pytest
+
+from gpuscope.cli.main import main
+from gpuscope.cli.report import parse_span, parse_time
+from gpuscope.report.client import Auth, PrometheusClient, PrometheusError
+from gpuscope.report.promql import OWNERS, Queries
+
+NOW = 1_704_672_000.0  # 2024-01-08T00:00:00Z
+
+
+def test_spans_and_times() -> None:
+    assert parse_span("7d") == 7 * 86400
+    assert parse_span("1w2d3h") == 9 * 86400 + 3 * 3600
+    assert parse_span("7 days") is None
+    assert parse_time("7d", NOW) == NOW - 7 * 86400
+    assert parse_time("1704067200", NOW) == 1_704_067_200
+    assert parse_time("2024-01-01T00:00:00Z", NOW) == 1_704_067_200
+    assert parse_time("2024-01-01T02:00:00+02:00", NOW) == 1_704_067_200
+    for wrong in ("2024-01-01T00:00:00", "yesterday", "-5", "nan"):
+        with pytest.raises(ValueError):
+            parse_time(wrong, NOW)
+
+
+@pytest.mark.parametrize("by", list(OWNERS))
+def test_every_query_sums_by_the_owner_and_reads_counters_with_increase(by: str) -> None:
+    for recorded in (False, True):
+        columns = Queries(by, range_s=604800, step_s=60, recorded=recorded).columns()
+        for promql in columns.values():
+            assert promql.startswith(f"sum by ({', '.join(OWNERS[by])}) (")
+    raw = Queries(by, range_s=604800, step_s=60).columns()
+    assert "increase(" in raw["busy"] and "increase(" in raw["energy"]
+    assert "[604800s:60s]" in raw["held"] and "rate(gpu_busy_seconds_total[60s]) < 0.05" in raw["held_idle"]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    answer: tuple[int, bytes] = (200, b"")
+    seen: list[tuple[str, dict[str, list[str]]]] = []
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        self.seen.append((self.headers.get("Authorization", ""), parse_qs(self.rfile.read(length).decode())))
+        status, body = self.answer
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def server(status: int, body: Any) -> Iterator[tuple[str, type[_Handler]]]:
+    handler = type("Handler", (_Handler,), {"answer": (status, json.dumps(body).encode()
+                                                        if not isinstance(body, bytes) else body),
+                                            "seen": []})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", handler
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+
+
+def run(capsys: pytest.CaptureFixture[str], url: str, *args: str) -> tuple[int, str]:
+    code = main(["report", "--prometheus", url, "--since", "7d", *args])
+    return code, capsys.readouterr().err
+
+
+EMPTY = {"status": "success", "data": {"resultType": "vector", "result": []}}
+
+
+def test_an_empty_range_says_there_is_no_data(capsys: pytest.CaptureFixture[str]) -> None:
+    with server(200, EMPTY) as (url, _):
+        code = main(["report", "--prometheus", url, "--since", "2024-01-01T00:00:00Z",
+                     "--until", "2024-01-08T00:00:00Z"])
+        err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("gpuscope report: no GPU process data in the range")
+    assert "2024-01-01T00:00:00Z to 2024-01-08T00:00:00Z" in err
+
+
+def test_basic_auth_is_sent_and_a_401_names_the_credentials(capsys: pytest.CaptureFixture[str],
+                                                              tmp_path: Path) -> None:
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    with server(401, b"Unauthorized") as (url, handler):
+        code, err = run(capsys, url, "--basic-auth-user", "report",
+                        "--basic-auth-password-file", str(password))
+    assert code == 1
+    assert handler.seen[0][0] == "Basic " + base64.b64encode(b"report:s3cret").decode()
+    assert "answered HTTP 401: the credentials given were refused" in err
+
+
+def test_a_rejected_query_quotes_the_servers_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    body = {"status": "error", "errorType": "bad_data", "error": "1:5: parse error: unexpected"}
+    with server(400, body) as (url, _):
+        code, err = run(capsys, url)
+    assert code == 1
+    assert "rejected the query (HTTP 400): 1:5: parse error: unexpected" in err
+
+
+def test_an_unreachable_server_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with server(200, EMPTY) as (url, _):
+        pass  # closed: nothing listens there any more
+    code, err = run(capsys, url)
+    assert code == 1
+    assert err == f"gpuscope report: cannot reach {url}: connection refused\n"
+
+
+def test_a_non_prometheus_answer_and_an_oversized_one(capsys: pytest.CaptureFixture[str]) -> None:
+    with server(200, b"<html>login</html>") as (url, _):
+        code, err = run(capsys, url)
+    assert code == 1 and "did not answer with Prometheus API JSON" in err
+    big = {"status": "success", "data": {"resultType": "vector", "result": ["x" * 5000]}}
+    with server(200, big) as (url, _), pytest.raises(PrometheusError, match="larger than the 1000 bytes"):
+        PrometheusClient(url, max_bytes=1000).query("up", NOW)
+
+
+def test_the_credentials_and_the_query_reach_the_server() -> None:
+    with server(200, EMPTY) as (url, handler):
+        PrometheusClient(url, auth=Auth(bearer_token="abc123")).query("up", NOW)
+        PrometheusClient(url, auth=Auth(user="u", password="p")).query("up", NOW)
+    (bearer, form), (basic, _) = handler.seen
+    assert bearer == "Bearer abc123" and form == {"query": ["up"], "time": [f"{NOW:.3f}"]}
+    assert basic == "Basic " + base64.b64encode(b"u:p").decode()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--basic-auth-user", "u"], "--basic-auth-user needs --basic-auth-password-file"),
+    (["--basic-auth-password-file", "/nonexistent"], "--basic-auth-password-file needs --basic-auth-user"),
+    (["--bearer-token-file", "/nonexistent/token"], "cannot read the bearer token file /nonexistent/token"),
+    (["--until", "8d"], "the range is empty"),
+])
+def test_wrong_flags_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], args: list[str],
+                                          message: str) -> None:
+    code, err = run(capsys, "http://127.0.0.1:9", *args)
+    assert code == 2
+    assert message in err and err.count("\n") == 1
+
+
+def test_an_url_that_is_not_http_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run(capsys, "prometheus:9090")
+    assert code == 1 and "is not an http:// or https:// URL" in err
