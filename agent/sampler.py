@@ -1,8 +1,9 @@
 """The sampler: one background thread, one immutable Snapshot per interval.
 
 It owns NVML's lifecycle (lazy init with back-off while there is no driver), the per-GPU counter
-state (energy resets, PCIe integration, idle dips) and the process mapping, and publishes each new
-Snapshot by replacing one reference, so readers never block it and it never blocks on them.
+state (energy resets, PCIe integration, idle dips, busy time, energy by process) and the process
+mapping, and publishes each new Snapshot by replacing one reference, so readers never block it and it
+never blocks on them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpuscope.busy_time import GpmActiveTime, GpuBusyTime, ProcessBusyTime
 from gpuscope.counters import RateIntegrator, ResetSafeCounter
+from gpuscope.energy_split import EnergySplit
 from gpuscope.health import SourceHealth
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.idle_dips import IdleDipCounter
@@ -66,6 +69,11 @@ class _GpuState:
     energy: ResetSafeCounter = field(default_factory=ResetSafeCounter)
     pcie_tx: RateIntegrator = field(default_factory=RateIntegrator)
     pcie_rx: RateIntegrator = field(default_factory=RateIntegrator)
+    busy: GpuBusyTime = field(default_factory=GpuBusyTime)
+    gpm_active: GpmActiveTime = field(default_factory=GpmActiveTime)
+    process_busy: ProcessBusyTime = field(default_factory=ProcessBusyTime)
+    process_samples_seen: bool = False  # the GPU has reported per-process samples at least once
+    energy_split: EnergySplit = field(default_factory=EnergySplit)
     lost: bool = False
 
 
@@ -310,6 +318,7 @@ class Sampler:
         state = self._states[ident.index]
         xids = self._xid.counts(ident.index) if self._xid is not None else {}
         if self._guard.held(ident.index):  # a call on it is still stuck: down, not asked again
+            state.busy.interrupted()
             return self._down(device, xids)
         self._guard.begin(generation, ident.index, time.monotonic())
         try:
@@ -328,6 +337,7 @@ class Sampler:
             log.info("GPU %d: the NVML call that was stuck returned", ident.index)
             raise _GivenUp
         if raw is None:
+            state.busy.interrupted()
             return self._down(device, xids)
         if state.lost:
             log.info("GPU %d (%s) is readable again", ident.index, ident.uuid)
@@ -352,6 +362,15 @@ class Sampler:
         else:
             utilization = raw.rate_utilization_ratio  # no new samples (idle or unsupported): the rate API
         dips = None if new_samples is None else state.dips.update(new_samples)
+        busy: float | None = None
+        if new_samples is not None:
+            state.busy.add_samples(new_samples, from_history=raw.utilization_samples_from_history)
+            busy = state.busy.total
+        elif raw.rate_utilization_ratio is not None:  # a GPU that keeps no samples
+            state.busy.add_rate(raw.rate_utilization_ratio, now)
+            busy = state.busy.total
+        gpm = state.gpm_active
+        gpm.add(raw.sm_active_ratio, raw.tensor_active_ratio, raw.gpm_interval_seconds)
         tx = rx = None
         if raw.pcie is not None:
             if raw.pcie.cumulative:
@@ -359,6 +378,9 @@ class Sampler:
             else:
                 tx, rx = state.pcie_tx.update(raw.pcie.tx, now), state.pcie_rx.update(raw.pcie.rx, now)
         energy = raw.energy_counter_joules
+        energy_total = None if energy is None else state.energy.update(energy)
+        busy_by_pid, energy_by_pid = self._process_counters(raw, state, energy_total, now)
+        processes = self._processes(raw, busy_by_pid, energy_by_pid)
         mask = raw.clock_event_mask
         return GpuReading(
             index=ident.index,
@@ -369,13 +391,17 @@ class Sampler:
             mig_enabled=ident.mig_enabled,
             utilization_ratio=utilization,
             utilization_samples=samples,
-            energy_joules_total=None if energy is None else state.energy.update(energy),
+            busy_seconds_total=busy,
+            energy_joules_total=energy_total,
+            idle_energy_joules_total=None if energy_total is None else state.energy_split.idle_total,
+            sm_active_seconds_total=gpm.sm_seconds,
+            tensor_active_seconds_total=gpm.tensor_seconds,
             clock_event_reasons=None if mask is None else self._clock_reasons(mask),
             pcie_tx_bytes_total=tx,
             pcie_rx_bytes_total=rx,
             xid_errors=xids,
             idle_dips_total=dips,
-            processes=self._processes(raw),
+            processes=processes,
             pods=self._pods(ident.uuid, ident.index),
             **dict(zip(PLAIN_READINGS, _plain_values(raw), strict=True)),
         )
@@ -388,17 +414,38 @@ class Sampler:
             reasons = self._reasons[mask] = decode_clock_event_reasons(mask)
         return reasons
 
-    def _processes(self, raw: DeviceReadings) -> tuple[ProcessReading, ...]:
+    @staticmethod
+    def _process_counters(raw: DeviceReadings, state: _GpuState, energy_total: float | None,
+                          now: float) -> tuple[dict[int, float] | None, dict[int, float] | None]:
+        """Each listed process's busy seconds and energy so far: None where the GPU reports no
+        per-process samples (energy: or no energy either), all of its energy then being idle energy."""
+        per_pid = raw.new_process_samples
+        busy_by_pid: dict[int, float] | None = None
+        if per_pid is not None:
+            state.process_samples_seen = True
+        if state.process_samples_seen:
+            # A tick whose call failed (None) counts nothing: the next one reads on from the cursor.
+            busy_by_pid = state.process_busy.update(
+                per_pid or {}, {proc.pid for proc in raw.nvml_processes},
+                from_history=raw.process_samples_from_history)
+        state.energy_split.update(energy_total, now, busy_by_pid or {})
+        if energy_total is None or busy_by_pid is None:
+            return busy_by_pid, None
+        return busy_by_pid, state.energy_split.by_pid
+
+    def _processes(self, raw: DeviceReadings, busy_by_pid: dict[int, float] | None,
+                   energy_by_pid: dict[int, float] | None) -> tuple[ProcessReading, ...]:
         started = time.perf_counter()
         out = []
         describe = self._inspector.describe
-        per_pid = raw.process_sm_utilization
+        per_pid = raw.new_process_samples
         for proc in raw.nvml_processes:
             host = describe(proc.pid)
             sm: float | None = None
             if per_pid is not None and proc.kind == "compute":
                 # No sample for a pid since the last tick means it ran no kernels in that time.
-                sm = per_pid.get(proc.pid, 0.0)
+                rows = per_pid.get(proc.pid)
+                sm = sum([value for _, value in rows]) / len(rows) if rows else 0.0
             out.append(ProcessReading(
                 pid=proc.pid,
                 kind=proc.kind,
@@ -409,6 +456,8 @@ class Sampler:
                 user=host.user,
                 container_id=host.container_id,
                 cmdline=host.cmdline,
+                busy_seconds_total=None if busy_by_pid is None else busy_by_pid.get(proc.pid),
+                energy_joules_total=None if energy_by_pid is None else energy_by_pid.get(proc.pid),
             ))
         self._process_seconds += time.perf_counter() - started
         return tuple(out)

@@ -42,6 +42,12 @@ class ProcessReading:
     user: str | None = None
     container_id: str | None = None
     cmdline: tuple[str, ...] | None = None  # only filled when processes.cmdline is opted in
+    # Seconds during which a kernel of the process ran on this GPU since it was first seen (busy_time.py);
+    # None where the GPU reports no per-process samples.
+    busy_seconds_total: float | None = None
+    # The part of the GPU's energy attributed to the process since it was first seen, joules
+    # (energy_split.py: an estimate); None without per-process samples or an energy counter.
+    energy_joules_total: float | None = None
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -65,6 +71,7 @@ class GpuReading:
     mig_enabled: bool = False
     utilization_ratio: float | None = None  # mean of the driver samples since the last tick
     utilization_samples: tuple[UtilizationSample, ...] = ()
+    busy_seconds_total: float | None = None  # seconds a kernel ran since the agent started (busy_time.py)
     memory_utilization_ratio: float | None = None
     memory_used_bytes: int | None = None
     memory_reserved_bytes: int | None = None
@@ -72,6 +79,8 @@ class GpuReading:
     power_watts: float | None = None
     power_limit_watts: float | None = None
     energy_joules_total: float | None = None  # monotonic across driver counter resets
+    # Energy since the agent started that is attributed to no process, joules (energy_split.py)
+    idle_energy_joules_total: float | None = None
     temperature_celsius: float | None = None
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
@@ -84,6 +93,10 @@ class GpuReading:
     sm_occupancy_ratio: float | None = None
     tensor_active_ratio: float | None = None
     dram_active_ratio: float | None = None
+    # The GPM ratios integrated over the intervals they cover, since the agent started: SM-seconds
+    # (one second of every SM active counts one) and tensor-seconds.
+    sm_active_seconds_total: float | None = None
+    tensor_active_seconds_total: float | None = None
     idle_dips_total: int | None = None
     processes: tuple[ProcessReading, ...] = ()
     # The pod containers the kubelet allocated this GPU to, sorted: none outside Kubernetes, several

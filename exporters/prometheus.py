@@ -41,6 +41,10 @@ _GPU_EARLY_READINGS: tuple[_Reading, ...] = (
     _Reading("utilization_ratio", "gpu_utilization_ratio", False, "ratio",
              "Fraction of time (0-1) during which at least one kernel was running on the GPU, "
              "the mean of the driver's utilization samples in the last sampling interval."),
+    _Reading("busy_seconds_total", "gpu_busy_seconds", True, "seconds",
+             "Time during which at least one kernel was running on the GPU since the agent started, in "
+             "seconds: the driver's utilization samples, each times its sample period. rate() of it is "
+             "the busy fraction over any window."),
     _Reading("memory_utilization_ratio", "gpu_memory_utilization_ratio", False, "ratio",
              "Fraction of time (0-1) during which device memory was being read or written "
              "over the driver's last sample period."),
@@ -56,6 +60,9 @@ _GPU_EARLY_READINGS: tuple[_Reading, ...] = (
              "Power limit enforced by the driver, in watts."),
     _Reading("energy_joules_total", "gpu_energy_joules", True, "joules",
              "Energy consumed by the GPU, in joules (monotonic across driver counter resets)."),
+    _Reading("idle_energy_joules_total", "gpu_idle_energy_joules", True, "joules",
+             "Energy of the GPU since the agent started that is attributed to no process (idle time, and "
+             "busy time no process's samples account for), in joules; an estimate."),
     _Reading("temperature_celsius", "gpu_temperature_celsius", False, "celsius",
              "GPU core temperature, in degrees Celsius."),
     _Reading("sm_clock_hertz", "gpu_sm_clock_hertz", False, "hertz",
@@ -76,10 +83,16 @@ _GPU_LATE_READINGS: tuple[_Reading, ...] = (
              "Uncorrected ECC errors since the driver was last loaded (volatile count), in errors."),
     _Reading("sm_active_ratio", "gpu_sm_active_ratio", False, "ratio",
              "Fraction of time (0-1) at least one warp was resident on an SM, averaged over all SMs."),
+    _Reading("sm_active_seconds_total", "gpu_sm_active_seconds", True, "seconds",
+             "Time during which at least one warp was resident on an SM, averaged over all SMs, since the "
+             "agent started, in seconds (GPM's SM activity times the interval it covers)."),
     _Reading("sm_occupancy_ratio", "gpu_sm_occupancy_ratio", False, "ratio",
              "Resident warps as a fraction (0-1) of the maximum an SM can hold, averaged over all SMs."),
     _Reading("tensor_active_ratio", "gpu_tensor_active_ratio", False, "ratio",
              "Fraction of time (0-1) the tensor cores were active, averaged over all SMs."),
+    _Reading("tensor_active_seconds_total", "gpu_tensor_active_seconds", True, "seconds",
+             "Time during which the tensor cores were active, averaged over all SMs, since the agent "
+             "started, in seconds (GPM's tensor activity times the interval it covers)."),
     _Reading("dram_active_ratio", "gpu_dram_active_ratio", False, "ratio",
              "Fraction of time (0-1) the device memory interface was busy sending or receiving data."),
     _Reading("idle_dips_total", "gpu_idle_dips", True, "",
@@ -98,6 +111,12 @@ _HELP_PROCESSES = "Number of compute processes holding a context on the GPU."
 _HELP_PROC_MEMORY = "Device memory used by the process on this GPU, in bytes."
 _HELP_PROC_SM = ("Fraction of time (0-1) during which a kernel of the process was running on this GPU "
                  "over the last sampling interval.")
+_HELP_PROC_BUSY = ("Time during which a kernel of the process was running on this GPU since the agent first "
+                   "saw the process, in seconds: the driver's per-process samples, each times its sample "
+                   "period.")
+_HELP_PROC_ENERGY = ("The part of the GPU's energy attributed to the process since the agent first saw it, "
+                     "in joules: each interval's energy times the share of the interval during which the "
+                     "process's kernels ran; an estimate.")
 _HELP_PROC_INFO = ("A process holding a context on the GPU (value always 1), with its type "
                    "(compute or graphics) and host details.")
 _HELP_BUILD_INFO = "Build facts about the gpuscope agent (value always 1)."
@@ -158,6 +177,10 @@ class SnapshotCollector(Collector):
                                    labels=labelnames, unit="bytes")
         sm = GaugeMetricFamily("gpu_process_sm_utilization_ratio", _HELP_PROC_SM,
                                labels=labelnames, unit="ratio")
+        busy = CounterMetricFamily("gpu_process_busy_seconds", _HELP_PROC_BUSY, labels=labelnames,
+                                   unit="seconds")
+        energy = CounterMetricFamily("gpu_process_energy_joules", _HELP_PROC_ENERGY, labels=labelnames,
+                                     unit="joules")
         info = GaugeMetricFamily("gpu_process_info", _HELP_PROC_INFO, labels=(*labelnames, "type"))
         for gpu in gpus:
             if not gpu.up:
@@ -170,6 +193,8 @@ class SnapshotCollector(Collector):
             info_seen: set[tuple[int, str]] = set()
             memory_seen: set[int] = set()
             sm_seen: set[int] = set()
+            busy_seen: set[int] = set()
+            energy_seen: set[int] = set()
             for process in gpu.processes:
                 labels = self._process_label_values(gpu_label, gpu.uuid, process, pod)
                 if (process.pid, process.kind) not in info_seen:
@@ -181,7 +206,13 @@ class SnapshotCollector(Collector):
                 if process.sm_utilization_ratio is not None and process.pid not in sm_seen:
                     sm_seen.add(process.pid)
                     sm.add_metric(labels, process.sm_utilization_ratio)
-        return [memory, sm, info]
+                if process.busy_seconds_total is not None and process.pid not in busy_seen:
+                    busy_seen.add(process.pid)
+                    busy.add_metric(labels, process.busy_seconds_total)
+                if process.energy_joules_total is not None and process.pid not in energy_seen:
+                    energy_seen.add(process.pid)
+                    energy.add_metric(labels, process.energy_joules_total)
+        return [memory, sm, busy, energy, info]
 
     def _process_label_values(self, gpu_label: str, uuid: str, process: ProcessReading,
                               pod: tuple[str, str, str]) -> tuple[str, ...]:

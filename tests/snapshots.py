@@ -51,6 +51,8 @@ def make_process(pid: int = 4242, **overrides: Any) -> ProcessReading:
         "container_id": CONTAINER_ID,
         "cmdline": ("python3", "-m", "torch.distributed.run", "--nproc-per-node=8", "train.py",
                     "--config", "configs/llama-7b.yaml"),
+        "busy_seconds_total": 2_500.25 + pid % 97,
+        "energy_joules_total": 812_345.5 + pid % 89,
     }
     fields.update(overrides)
     return ProcessReading(**fields)
@@ -82,6 +84,7 @@ def make_gpu(index: int = 0, **overrides: Any) -> GpuReading:
         "mig_enabled": False,
         "utilization_ratio": utilization,
         "utilization_samples": utilization_samples(utilization),
+        "busy_seconds_total": 5_321.5 + index,
         "memory_utilization_ratio": round(0.42 + index * 0.01, 2),
         "memory_used_bytes": 38 * GIB + index * 512 * MIB,
         "memory_reserved_bytes": H100_MEMORY_RESERVED_BYTES,
@@ -89,6 +92,7 @@ def make_gpu(index: int = 0, **overrides: Any) -> GpuReading:
         "power_watts": 512.25 + index,
         "power_limit_watts": H100_POWER_LIMIT_WATTS,
         "energy_joules_total": 123_456_789.5 + index * 1000,
+        "idle_energy_joules_total": 1_234_567.25 + index * 10,
         "temperature_celsius": 54.0 + index,
         "sm_clock_hertz": 1_980_000_000.0,
         "memory_clock_hertz": 2_619_000_000.0,
@@ -101,6 +105,8 @@ def make_gpu(index: int = 0, **overrides: Any) -> GpuReading:
         "sm_occupancy_ratio": 0.37,
         "tensor_active_ratio": 0.44,
         "dram_active_ratio": 0.29,
+        "sm_active_seconds_total": 4_310.75 + index,
+        "tensor_active_seconds_total": 2_341.125 + index,
         "idle_dips_total": 3 + index,
         "processes": make_processes(index, 2),
     }
@@ -143,7 +149,8 @@ def make_full_snapshot() -> Snapshot:
         processes=(
             make_process(4242),
             make_process(4243, kind="graphics", memory_used_bytes=64 * MIB, sm_utilization_ratio=0.0,
-                         name="Xorg", user="root", container_id=None, cmdline=("/usr/lib/xorg/Xorg", ":0")),
+                         name="Xorg", user="root", container_id=None, cmdline=("/usr/lib/xorg/Xorg", ":0"),
+                         busy_seconds_total=0.0, energy_joules_total=0.0),
             make_process(5150, host_visible=False, name=None, user=None, container_id=None, cmdline=None),
         ),
         pods=(PodContainer(namespace="research", pod="llm-pretrain-0", container="trainer"),),

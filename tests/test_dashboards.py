@@ -182,15 +182,20 @@ def test_dashboards_use_only_catalogued_metrics_and_cover_the_node_and_fleet_vie
     for name, metrics in used.items():
         assert metrics <= known, f"{name}: not in docs/metrics.md: {sorted(metrics - known)}"
     # What each dashboard must show: the node dashboard's metrics, then the fleet's.
+    # Utilization over time from the busy-time counters (rate()), never from a gauge sampled at scrapes.
     assert used["gpu-node"] >= {
-        "gpu_utilization_ratio", "gpu_idle_dips_total", "gpu_sm_active_ratio", "gpu_tensor_active_ratio",
-        "gpu_memory_used_bytes", "gpu_power_watts", "gpu_energy_joules_total", "gpu_temperature_celsius",
-        "gpu_sm_clock_hertz", "gpu_clock_event_active", "gpu_pcie_tx_bytes_total", "gpu_pcie_rx_bytes_total",
-        "gpu_xid_errors_total", "gpu_process_memory_used_bytes", "gpu_process_sm_utilization_ratio",
+        "gpu_busy_seconds_total", "gpu_idle_dips_total", "gpu_sm_active_seconds_total",
+        "gpu_tensor_active_seconds_total", "gpu_memory_used_bytes", "gpu_power_watts",
+        "gpu_energy_joules_total", "gpu_temperature_celsius", "gpu_sm_clock_hertz", "gpu_clock_event_active",
+        "gpu_pcie_tx_bytes_total", "gpu_pcie_rx_bytes_total", "gpu_xid_errors_total",
+        "gpu_process_memory_used_bytes", "gpu_process_busy_seconds_total", "gpu_process_energy_joules_total",
         "gpuscope_alert_firing", "gpuscope_captures_total"}
     assert used["gpu-fleet"] >= {
-        "gpu_utilization_ratio", "gpu_processes", "gpu_power_watts", "gpu_pod_info", "gpuscope_alert_firing",
+        "gpu_busy_seconds_total", "gpu_processes", "gpu_power_watts", "gpu_pod_info", "gpuscope_alert_firing",
         "gpuscope_captures_total"}
+    for metric in ("gpu_utilization_ratio", "gpu_sm_active_ratio", "gpu_tensor_active_ratio",
+                   "gpu_process_sm_utilization_ratio"):
+        assert not any(metric in q.expr for q in QUERIES), f"{metric}: chart the rate of its counter instead"
     titles = {p["title"] for p in panels(DASHBOARDS["gpu-fleet"])}
     assert {"Utilization by node and GPU", "Busy vs idle GPU hours", "Energy spent on idle GPUs",
             "Utilization skew per node", "Top pods by wasted GPU time"} <= titles

@@ -182,11 +182,14 @@ def _degraded_snapshot() -> Snapshot:
     healthy = make_gpu(0, processes=(make_process(4242),), idle_dips_total=0)
     lost = make_gpu(1, up=False, xid_errors={79: 1}, processes=(make_process(7777),))
     mig = make_gpu(
-        2, mig_enabled=True, utilization_ratio=None, utilization_samples=(), memory_utilization_ratio=None,
-        sm_active_ratio=None, sm_occupancy_ratio=None, tensor_active_ratio=None, dram_active_ratio=None,
+        2, mig_enabled=True, utilization_ratio=None, utilization_samples=(), busy_seconds_total=None,
+        memory_utilization_ratio=None, sm_active_ratio=None, sm_occupancy_ratio=None,
+        tensor_active_ratio=None, dram_active_ratio=None, sm_active_seconds_total=None,
+        tensor_active_seconds_total=None,
         idle_dips_total=None, clock_event_reasons=None, pcie_tx_bytes_total=None, pcie_rx_bytes_total=None,
         ecc_uncorrected_errors_total=None,
-        processes=(make_process(8888, sm_utilization_ratio=None, container_id=None),),
+        processes=(make_process(8888, sm_utilization_ratio=None, container_id=None, busy_seconds_total=None,
+                                energy_joules_total=None),),
     )
     return make_snapshot(gpus=(healthy, lost, mig), sample_errors={"gpu_lost": 4})
 
@@ -217,6 +220,7 @@ def test_golden_exposition(filename: str) -> None:
 # (GpuReading attribute, exposed family) for every plain per-GPU reading.
 READINGS = [
     ("utilization_ratio", "gpu_utilization_ratio"),
+    ("busy_seconds_total", "gpu_busy_seconds_total"),
     ("memory_utilization_ratio", "gpu_memory_utilization_ratio"),
     ("memory_used_bytes", "gpu_memory_used_bytes"),
     ("memory_reserved_bytes", "gpu_memory_reserved_bytes"),
@@ -224,6 +228,7 @@ READINGS = [
     ("power_watts", "gpu_power_watts"),
     ("power_limit_watts", "gpu_power_limit_watts"),
     ("energy_joules_total", "gpu_energy_joules_total"),
+    ("idle_energy_joules_total", "gpu_idle_energy_joules_total"),
     ("temperature_celsius", "gpu_temperature_celsius"),
     ("sm_clock_hertz", "gpu_sm_clock_hertz"),
     ("memory_clock_hertz", "gpu_memory_clock_hertz"),
@@ -231,8 +236,10 @@ READINGS = [
     ("pcie_rx_bytes_total", "gpu_pcie_rx_bytes_total"),
     ("ecc_uncorrected_errors_total", "gpu_ecc_uncorrected_errors_total"),
     ("sm_active_ratio", "gpu_sm_active_ratio"),
+    ("sm_active_seconds_total", "gpu_sm_active_seconds_total"),
     ("sm_occupancy_ratio", "gpu_sm_occupancy_ratio"),
     ("tensor_active_ratio", "gpu_tensor_active_ratio"),
+    ("tensor_active_seconds_total", "gpu_tensor_active_seconds_total"),
     ("dram_active_ratio", "gpu_dram_active_ratio"),
     ("idle_dips_total", "gpu_idle_dips_total"),
 ]
@@ -336,12 +343,15 @@ def test_gpu_processes_counts_compute_processes_only() -> None:
 
 
 def test_process_series_labels_and_values() -> None:
-    process = make_process(4242, memory_used_bytes=20 * 1024 * MIB, sm_utilization_ratio=0.75)
+    process = make_process(4242, memory_used_bytes=20 * 1024 * MIB, sm_utilization_ratio=0.75,
+                           busy_seconds_total=12.5, energy_joules_total=3456.25)
     snapshot = make_snapshot(gpus=[make_gpu(5, processes=(process,))])
     labels = (("container", ""), ("container_id", process.container_id), ("gpu", "5"), ("namespace", ""),
               ("pid", "4242"), ("pod", ""), ("process", "python3"), ("user", "alice"), ("uuid", gpu_uuid(5)))
     assert samples(snapshot, "gpu_process_memory_used_bytes") == {labels: 20 * 1024 * MIB}
     assert samples(snapshot, "gpu_process_sm_utilization_ratio") == {labels: 0.75}
+    assert samples(snapshot, "gpu_process_busy_seconds_total") == {labels: 12.5}
+    assert samples(snapshot, "gpu_process_energy_joules_total") == {labels: 3456.25}
     assert samples(snapshot, "gpu_process_info") == {tuple(sorted((*labels, ("type", "compute")))): 1.0}
 
 
@@ -432,10 +442,13 @@ def test_pod_info_absent_without_pods_and_kept_while_a_gpu_is_down() -> None:
 
 
 def test_process_none_readings_are_absent() -> None:
-    process = make_process(1, memory_used_bytes=None, sm_utilization_ratio=None)
+    process = make_process(1, memory_used_bytes=None, sm_utilization_ratio=None, busy_seconds_total=None,
+                           energy_joules_total=None)
     families = collect(make_snapshot(gpus=[make_gpu(0, processes=(process,))]))
     assert "gpu_process_memory_used_bytes" not in families
     assert "gpu_process_sm_utilization_ratio" not in families
+    assert "gpu_process_busy_seconds_total" not in families
+    assert "gpu_process_energy_joules_total" not in families
     assert len(families["gpu_process_info"].samples) == 1
 
 
@@ -444,6 +457,8 @@ def test_process_with_compute_and_graphics_contexts_is_not_duplicated() -> None:
     snapshot = make_snapshot(gpus=[make_gpu(0, processes=both)])
     assert len(samples(snapshot, "gpu_process_memory_used_bytes")) == 1
     assert len(samples(snapshot, "gpu_process_sm_utilization_ratio")) == 1
+    assert len(samples(snapshot, "gpu_process_busy_seconds_total")) == 1
+    assert len(samples(snapshot, "gpu_process_energy_joules_total")) == 1
     assert sorted(dict(labels)["type"] for labels in samples(snapshot, "gpu_process_info")) == [
         "compute", "graphics"
     ]

@@ -274,14 +274,15 @@ def test_field_by_field_fallbacks_read_what_the_struct_fast_path_reads(
     second = fast[len(fast) // 2:]
     assert all(r.memory_total_bytes and r.new_utilization_samples for r in second)
     assert any(r.sm_active_ratio is not None for r in second) and any(r.pcie is not None for r in second)
-    assert any(r.process_sm_utilization for r in second)
+    assert any(r.new_process_samples for r in second)
 
 
 def test_each_reading_reaches_the_snapshot_plainly_or_derived() -> None:
     """A DeviceReadings field named like a GpuReading field is copied as it is; the others are what
     the sampler derives the Snapshot's values from, so none may share a Snapshot field's name."""
-    derived = {"new_utilization_samples", "rate_utilization_ratio", "energy_counter_joules",
-               "clock_event_mask", "pcie", "nvml_processes", "process_sm_utilization"}
+    derived = {"new_utilization_samples", "utilization_samples_from_history", "rate_utilization_ratio",
+               "energy_counter_joules", "clock_event_mask", "pcie", "nvml_processes", "new_process_samples",
+               "process_samples_from_history", "gpm_interval_seconds"}
     readings = {f.name for f in dataclasses.fields(DeviceReadings)}
     assert set(PLAIN_READINGS) == readings - derived
     assert not derived & {f.name for f in dataclasses.fields(GpuReading)}

@@ -91,6 +91,9 @@ class NvmlDevice:
         self.unsupported: set[str] = set()
         self.sample_cursor = 0
         self.process_cursor = 0
+        # Whether a samples call has succeeded yet: until then the driver's whole buffer is new to us.
+        self.samples_read = False
+        self.process_samples_read = False
         self.pcie_counters: bool | None = None  # None until probed
         self.gpm_samples: list[Any] | None = None  # [previous, current] buffers, allocated on first use
         self.gpm_previous_at: float | None = None
@@ -191,6 +194,15 @@ class Nvml:
 
     def read(self, device: NvmlDevice) -> DeviceReadings:
         """All of one GPU's readings for this tick. Raises GpuLostError if the GPU is gone."""
+        try:
+            return self._read(device)
+        except GpuLostError:
+            # GPM counters across the time the GPU was lost mean nothing: the next GPM sample after it
+            # comes back starts afresh instead of closing an interval that spans the loss.
+            device.gpm_previous_at = None
+            raise
+
+    def _read(self, device: NvmlDevice) -> DeviceReadings:
         if device.handle is None or not device.identity.uuid:
             try:
                 self.refresh_identity(device)
@@ -212,7 +224,9 @@ class Nvml:
                            or (rates.gpu, rates.memory))
             r.rate_utilization_ratio = gpu / 100.0
             r.memory_utilization_ratio = memory / 100.0
+        first_samples = not device.samples_read
         r.new_utilization_samples = self._utilization_samples(device)
+        r.utilization_samples_from_history = first_samples and device.samples_read
         power = query(device, "power", pynvml.nvmlDeviceGetPowerUsage, h)
         r.power_watts = None if power is None else power / 1000.0
         limit = query(device, "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
@@ -229,11 +243,14 @@ class Nvml:
         r.pcie = self._pcie(device)
         r.ecc_uncorrected_errors_total = query(device, "ecc", _uncorrected_ecc_errors, h)
         gpm = self._gpm(device)
-        if gpm:
-            for name, value in gpm.items():
+        if gpm is not None and gpm[0]:
+            for name, value in gpm[0].items():
                 setattr(r, name, value)
+            r.gpm_interval_seconds = gpm[1]
         r.nvml_processes = self._processes(device)
-        r.process_sm_utilization = self._process_utilization(device)
+        first_process_samples = not device.process_samples_read
+        r.new_process_samples = self._process_utilization(device)
+        r.process_samples_from_history = first_process_samples and device.process_samples_read
         return r
 
     def _query(self, device: NvmlDevice, reading: str, call: Callable[..., T], *args: Any) -> T | None:
@@ -277,6 +294,7 @@ class Nvml:
         samples = self._query(device, "utilization_samples", _new_utilization_samples, device)
         if samples is None:
             return None if "utilization_samples" in device.unsupported else ()
+        device.samples_read = True
         return samples
 
     def _pcie(self, device: NvmlDevice) -> PcieReading | None:
@@ -304,8 +322,9 @@ class Nvml:
             return None
         return PcieReading(False, tx * 1024.0, rx * 1024.0)
 
-    def _gpm(self, device: NvmlDevice) -> dict[str, float] | None:
-        """GPM metrics between the previous tick's sample and this one (Hopper and newer)."""
+    def _gpm(self, device: NvmlDevice) -> tuple[dict[str, float], float] | None:
+        """GPM metrics between the previous tick's sample and this one (Hopper and newer), with the
+        seconds between the two samples."""
         if device.identity.mig_enabled or "gpm" in device.unsupported:
             return None
         h = device.handle
@@ -328,9 +347,11 @@ class Nvml:
         got = self._query(device, "gpm", pynvml.nvmlGpmSampleGet, h, current)
         if got is None:
             return None
-        result: dict[str, float] | None = None
+        result: tuple[dict[str, float], float] | None = None
         if device.gpm_previous_at is not None:
-            result = self._query(device, "gpm", _gpm_metrics, device, previous, current)
+            metrics = self._query(device, "gpm", _gpm_metrics, device, previous, current)
+            if metrics is not None:
+                result = metrics, now - device.gpm_previous_at
         device.gpm_samples = [current, previous]
         device.gpm_previous_at = now
         return result
@@ -345,10 +366,13 @@ class Nvml:
         # A process with both a compute and a graphics context is listed twice by NVML: count it once.
         return compute + [p for p in graphics if p.pid not in seen]
 
-    def _process_utilization(self, device: NvmlDevice) -> dict[int, float] | None:
+    def _process_utilization(self, device: NvmlDevice) -> dict[int, tuple[tuple[int, float], ...]] | None:
         if device.identity.mig_enabled:
             return None  # not available per MIG instance
-        return self._query(device, "process_utilization", _new_process_utilization, device)
+        samples = self._query(device, "process_utilization", _new_process_samples, device)
+        if samples is not None:
+            device.process_samples_read = True
+        return samples
 
     # ---------------------------------------------------------------- Xid events
 
@@ -463,14 +487,17 @@ def _new_utilization_samples(device: NvmlDevice) -> tuple[tuple[int, float], ...
         rows = [(int(s.timeStamp), _sample_value(value_type, s.sampleValue)) for s in samples]
     # The cursor is opaque: only ever compare it with the driver's own timestamps. (An integer value
     # divides as its float does: value / 100.0 is _sample_value()'s float(value) / 100.0.)
-    out = tuple([(ts, value / 100.0) for ts, value in rows if ts > cursor])
+    # Sorted: the integration into busy time and the idle-dip count read them in time order, which
+    # NVML does not promise for its ring buffer.
+    out = tuple(sorted([(ts, value / 100.0) for ts, value in rows if ts > cursor]))
     if out:
-        device.sample_cursor = max(ts for ts, _ in out)
+        device.sample_cursor = out[-1][0]
     return out
 
 
-def _new_process_utilization(device: NvmlDevice) -> dict[int, float]:
-    """Mean SM utilization per pid over the driver's samples newer than the device's cursor."""
+def _new_process_samples(device: NvmlDevice) -> dict[int, tuple[tuple[int, float], ...]]:
+    """The driver's per-process samples newer than the device's cursor, by pid: (driver µs, SM
+    utilization ratio) in time order. The cursor moves past them."""
     cursor = device.process_cursor
     try:
         samples = pynvml.nvmlDeviceGetProcessUtilization(device.handle, cursor)
@@ -479,18 +506,19 @@ def _new_process_utilization(device: NvmlDevice) -> dict[int, float]:
     rows = unpack(_PROCESS_SAMPLE_LAYOUT, pynvml.c_nvmlProcessUtilizationSample_t, samples)
     if rows is None:
         rows = [(int(s.pid), int(s.timeStamp), s.smUtil) for s in samples]
-    sums: dict[int, list[float]] = {}
+    by_pid: dict[int, list[tuple[int, float]]] = {}
     newest = cursor
     for pid, timestamp, sm in rows:  # some 30 rows per GPU and tick: kept lean
         if timestamp > cursor:
-            if pid in sums:
-                sums[pid].append(sm / 100.0)
+            if pid in by_pid:
+                by_pid[pid].append((timestamp, sm / 100.0))
             else:
-                sums[pid] = [sm / 100.0]
+                by_pid[pid] = [(timestamp, sm / 100.0)]
             if timestamp > newest:  # noqa: PLR1730 - max() costs a call per row
                 newest = timestamp
     device.process_cursor = newest
-    return {pid: sum(v) / len(v) for pid, v in sums.items()}
+    # Sorted: the integration into busy time reads them in time order, which NVML does not promise.
+    return {pid: tuple(sorted(rows_of_pid)) for pid, rows_of_pid in by_pid.items()}
 
 
 def _clock_event_reasons(handle: Any) -> int:

@@ -49,12 +49,19 @@ class DeviceReadings:
     # The driver's utilization samples newer than the last tick: (driver µs, ratio 0-1). None when
     # this GPU keeps no such buffer (not supported, MIG); () when it has nothing new (an idle GPU).
     new_utilization_samples: tuple[tuple[int, float], ...] | None = ()
+    # True for the first samples this agent read from the GPU: the driver's whole buffer, which holds
+    # up to some 20 s from before the agent started (and that a previous agent may have counted).
+    utilization_samples_from_history: bool = False
     rate_utilization_ratio: float | None = None  # the instantaneous rate, used when no samples are new
     energy_counter_joules: float | None = None  # the driver's counter: resets when the driver reloads
     clock_event_mask: int | None = None
     pcie: PcieReading | None = None
     nvml_processes: list[RawProcess] = field(default_factory=list)
-    process_sm_utilization: dict[int, float] | None = None  # pid -> mean ratio since the last tick
+    # The driver's per-process SM utilization samples newer than the last tick: pid -> ((driver µs,
+    # ratio 0-1), ...) in time order. A process missing from it ran no kernels in that time. None when
+    # this GPU does not report them (not supported, MIG) or the call failed.
+    new_process_samples: dict[int, tuple[tuple[int, float], ...]] | None = None
+    process_samples_from_history: bool = False  # as utilization_samples_from_history
     # Plain readings: the Snapshot's fields of the same names.
     memory_utilization_ratio: float | None = None
     memory_used_bytes: int | None = None
@@ -66,6 +73,9 @@ class DeviceReadings:
     sm_clock_hertz: float | None = None
     memory_clock_hertz: float | None = None
     ecc_uncorrected_errors_total: int | None = None
+    # The time between the two GPM samples the GPM ratios below cover, in seconds: consecutive readings
+    # cover consecutive intervals. None when there are no GPM ratios this tick.
+    gpm_interval_seconds: float | None = None
     # GPM (Hopper and newer; None elsewhere, on MIG, and on the first tick): ratios 0-1.
     sm_active_ratio: float | None = None
     sm_occupancy_ratio: float | None = None
