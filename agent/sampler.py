@@ -456,6 +456,7 @@ class Sampler:
                 user=host.user,
                 container_id=host.container_id,
                 cmdline=host.cmdline,
+                slurm_job=host.slurm_job,
                 busy_seconds_total=None if busy_by_pid is None else busy_by_pid.get(proc.pid),
                 energy_joules_total=None if energy_by_pid is None else energy_by_pid.get(proc.pid),
             ))

@@ -25,6 +25,15 @@ class UtilizationSample:
 
 
 @dataclass(frozen=True, slots=True)
+class SlurmJob:
+    """The Slurm job step a process runs in, as its cgroup path names it (host/slurm.py)."""
+
+    job_id: str  # the numeric job id (an array task or a heterogeneous component has its own)
+    step: str  # a step number, or "batch", "extern" or "interactive"; "" when the path names none
+    uid: int | None = None  # the job's user id, where the path names it (Slurm's cgroup v1 layout)
+
+
+@dataclass(frozen=True, slots=True)
 class ProcessReading:
     """A process holding a context on one GPU, with what the host knows of it.
 
@@ -42,6 +51,7 @@ class ProcessReading:
     user: str | None = None
     container_id: str | None = None
     cmdline: tuple[str, ...] | None = None  # only filled when processes.cmdline is opted in
+    slurm_job: SlurmJob | None = None  # None outside a Slurm job
     # Seconds during which a kernel of the process ran on this GPU since it was first seen (busy_time.py);
     # None where the GPU reports no per-process samples.
     busy_seconds_total: float | None = None

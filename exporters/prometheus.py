@@ -15,7 +15,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
-from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot, SnapshotSource
+from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, SlurmJob, Snapshot, SnapshotSource
 from gpuscope.version import __version__
 
 CMDLINE_MAX_CHARS = 256  # keeps label values (and series size) bounded for long argv lists
@@ -23,6 +23,7 @@ CMDLINE_MAX_CHARS = 256  # keeps label values (and series size) bounded for long
 GPU_LABELS = ("gpu", "uuid")
 PROCESS_LABELS = ("gpu", "uuid", "pid", "process", "user", "container_id", "pod", "namespace", "container")
 POD_LABELS = ("pod", "namespace", "container")
+SLURM_LABELS = ("job_id", "step", "user")
 _NO_POD = ("", "", "")
 
 
@@ -107,6 +108,8 @@ _HELP_CLOCK_EVENT = ("Whether a clock event (throttle) reason is active (1) or n
 _HELP_XID = "Xid error events reported by the driver since the agent started, by Xid code, in events."
 _HELP_POD_INFO = ("A pod container the kubelet allocated the GPU to (value always 1); join on gpu and "
                   "uuid to attribute any GPU series to pods. Several per GPU when it is time-sliced.")
+_HELP_SLURM_JOB_INFO = ("A Slurm job step with a process on the GPU (value always 1), from the process's "
+                        "cgroup; join on gpu and uuid to attribute any GPU series to jobs.")
 _HELP_PROCESSES = "Number of compute processes holding a context on the GPU."
 _HELP_PROC_MEMORY = "Device memory used by the process on this GPU, in bytes."
 _HELP_PROC_SM = ("Fraction of time (0-1) during which a kernel of the process was running on this GPU "
@@ -229,6 +232,27 @@ class SnapshotCollector(Collector):
         return values
 
 
+def _slurm_job_label_values(processes: Iterable[ProcessReading]) -> list[tuple[str, str, str]]:
+    """(job_id, step, user) once per job step among ``processes``, in the order first seen.
+
+    Many ranks of one step on a GPU make one series, not one each: the job is what is joined on.
+    The user is the first process's (a step runs as one user); its uid where no name was read.
+    """
+    seen: dict[tuple[str, str], str] = {}
+    for process in processes:
+        job = process.slurm_job
+        if job is None or not process.host_visible or (job.job_id, job.step) in seen:
+            continue
+        seen[(job.job_id, job.step)] = _slurm_user(process, job)
+    return [(job_id, step, user) for (job_id, step), user in seen.items()]
+
+
+def _slurm_user(process: ProcessReading, job: SlurmJob) -> str:
+    if process.user:
+        return process.user
+    return "" if job.uid is None else str(job.uid)
+
+
 def _pod_label_values(pod: PodContainer) -> tuple[str, str, str]:
     return (pod.pod, pod.namespace, pod.container)
 
@@ -283,6 +307,8 @@ def _gpu_families(snapshot: Snapshot) -> list[Metric]:
     xid = CounterMetricFamily("gpu_xid_errors", _HELP_XID, labels=(*GPU_LABELS, "xid"))
     processes = GaugeMetricFamily("gpu_processes", _HELP_PROCESSES, labels=GPU_LABELS)
     pod_info = GaugeMetricFamily("gpu_pod_info", _HELP_POD_INFO, labels=(*GPU_LABELS, *POD_LABELS))
+    slurm_info = GaugeMetricFamily("gpu_slurm_job_info", _HELP_SLURM_JOB_INFO,
+                                   labels=(*GPU_LABELS, *SLURM_LABELS))
 
     for gpu in snapshot.gpus:
         labels = (str(gpu.index), gpu.uuid)
@@ -304,12 +330,14 @@ def _gpu_families(snapshot: Snapshot) -> list[Metric]:
             for reason in _CLOCK_EVENT_NAMES:
                 clock_events.add_metric((*labels, reason), 1 if reason in reasons else 0)
         processes.add_metric(labels, sum(1 for p in gpu.processes if p.kind == "compute"))
+        for job_labels in _slurm_job_label_values(gpu.processes):
+            slurm_info.add_metric((*labels, *job_labels), 1)
 
     return [
         info, up,
         *(family for _, family in early), clock_events,
         *(family for _, family in pcie), xid,
-        *(family for _, family in late), processes, pod_info,
+        *(family for _, family in late), processes, pod_info, slurm_info,
     ]
 
 

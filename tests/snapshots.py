@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot, UtilizationSample
+from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, SlurmJob, Snapshot, UtilizationSample
 
 GIB = 1024**3
 MIB = 1024**2
@@ -140,7 +140,7 @@ def make_snapshot(gpus: Iterable[GpuReading] | None = None, **overrides: Any) ->
 
 def make_full_snapshot() -> Snapshot:
     """Every reading present and every label used: throttling, Xid errors, graphics and
-    host-invisible processes, sample errors, a pod. Renders every family in the catalogue."""
+    host-invisible processes, a Slurm job, sample errors, a pod. Renders every family in the catalogue."""
     gpu0 = make_gpu(
         0,
         clock_event_reasons=frozenset({"sw_power_cap", "hw_slowdown"}),
@@ -152,6 +152,8 @@ def make_full_snapshot() -> Snapshot:
                          name="Xorg", user="root", container_id=None, cmdline=("/usr/lib/xorg/Xorg", ":0"),
                          busy_seconds_total=0.0, energy_joules_total=0.0),
             make_process(5150, host_visible=False, name=None, user=None, container_id=None, cmdline=None),
+            make_process(6060, name="python3", user="alice", container_id=None,
+                         cmdline=("python3", "train.py"), slurm_job=SlurmJob("4242", "0", 1000)),
         ),
         pods=(PodContainer(namespace="research", pod="llm-pretrain-0", container="trainer"),),
     )

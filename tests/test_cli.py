@@ -322,3 +322,20 @@ loop: false
         agent.proc.send_signal(signal.SIGTERM)
         agent.proc.wait(timeout=10)
         assert time.monotonic() - started < 2.0, "SIGTERM with a stuck NVML call"
+
+
+def test_snapshot_table_and_json_name_the_slurm_job() -> None:
+    from snapshots import make_full_snapshot
+
+    from gpuscope.cli.snapshot import format_snapshot
+
+    snapshot = make_full_snapshot()
+    table = format_snapshot(snapshot).splitlines()
+    header = next(line for line in table if line.startswith("GPU  PID"))
+    assert header.split()[-1] == "JOB"
+    row = next(line for line in table if line.split()[:2] == ["0", "6060"])
+    assert row.split()[-1] == "4242.0"
+    assert next(line for line in table if line.split()[:2] == ["0", "4242"]).split()[-1] == "-"
+    processes = json.loads(json.dumps(snapshot.to_json()))["gpus"][0]["processes"]
+    expected = {"job_id": "4242", "step": "0", "uid": 1000}
+    assert [p["slurm_job"] for p in processes if p["pid"] == 6060] == [expected]

@@ -44,7 +44,7 @@ from gpuscope.exporters.prometheus import CMDLINE_MAX_CHARS, SnapshotCollector
 from gpuscope.exporters.web import WebCollector
 from gpuscope.health import SOURCES, SourceHealth
 from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
-from gpuscope.snapshot import GpuReading, PodContainer, Snapshot
+from gpuscope.snapshot import GpuReading, PodContainer, SlurmJob, Snapshot
 from gpuscope.version import __version__
 from gpuscope.web.rejections import Rejections
 from gpuscope.web.web_config import WebConfigWatcher
@@ -758,3 +758,34 @@ def test_a_stale_snapshot_exports_the_agents_own_families_only() -> None:
     assert {"gpuscope_last_sample_timestamp_seconds", "gpuscope_nvml_stuck_calls_total"} <= names
     source.stale = False
     assert any(_exposed_name(f).startswith("gpu_") for f in SnapshotCollector(source).collect())
+
+
+def _slurm_job_series(snapshot: Snapshot) -> list[dict[str, str]]:
+    return [sample.labels for sample in collect(snapshot)["gpu_slurm_job_info"].samples]
+
+
+def test_slurm_job_info_once_per_gpu_and_step() -> None:
+    step0, batch = SlurmJob("77", "0", 1000), SlurmJob("77", "batch", 1000)
+    gpu = make_gpu(0, processes=(
+        make_process(100, slurm_job=step0), make_process(101, slurm_job=step0),  # two ranks, one step
+        make_process(102, slurm_job=batch, user=None),  # no user name read: the cgroup's uid
+        make_process(103, slurm_job=SlurmJob("78", "0"), host_visible=False),  # not mapped: no job
+        make_process(104),  # outside Slurm
+    ))
+    series = _slurm_job_series(make_snapshot(gpus=(gpu,)))
+    labels = [(s["job_id"], s["step"], s["user"]) for s in series]
+    assert labels == [("77", "0", "alice"), ("77", "batch", "1000")]
+    assert all((s["gpu"], s["uuid"]) == ("0", gpu.uuid) for s in series)
+
+
+def test_slurm_job_info_absent_without_jobs_or_when_gpu_down() -> None:
+    job_gpu = make_gpu(0, up=False, processes=(make_process(100, slurm_job=SlurmJob("77", "0")),))
+    assert "gpu_slurm_job_info" not in collect(make_snapshot(gpus=(job_gpu, *make_gpus(2)[1:])))
+
+
+def test_slurm_job_info_kept_when_processes_are_not_exported() -> None:
+    gpu = make_gpu(0, processes=(make_process(100, slurm_job=SlurmJob("77", "0"), user=None),))
+    collector = SnapshotCollector(FakeSource(make_snapshot(gpus=(gpu,))), include_processes=False)
+    families = {family.name: family for family in collector.collect()}
+    assert "gpu_process_info" not in families
+    assert [s.labels["user"] for s in families["gpu_slurm_job_info"].samples] == [""]

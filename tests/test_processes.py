@@ -25,8 +25,10 @@ from gpuscope.host.processes import (
     ProcessInspector,
     in_host_pid_namespace,
 )
+from gpuscope.snapshot import SlurmJob
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cgroup"
+SLURM_FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 DOCKER_ID = "d548c5b83fa61d8e3bd86ad42a7ffea9b7c86e3f9d8095c1577d3e1270bb9420"
 
 pytestmark = pytest.mark.timeout(60)
@@ -164,6 +166,22 @@ def test_container_id_comes_from_the_cgroup_file(children: Children, tmp_path: P
         assert inspector.describe(child.pid).container_id == DOCKER_ID
 
 
+def test_slurm_job_comes_from_the_cgroup_file(children: Children, tmp_path: Path) -> None:
+    child = children.sleep()
+    procfs = fake_procfs(tmp_path, [child.pid], cgroup=(SLURM_FIXTURES / "v1_task.txt").read_text())
+    with ProcessInspector(procfs=procfs) as inspector:
+        assert inspector.describe(child.pid).slurm_job == SlurmJob("4242", "0", 1000)
+
+
+def test_slurm_uid_left_out_without_users(children: Children, tmp_path: Path) -> None:
+    child = children.sleep()
+    procfs = fake_procfs(tmp_path, [child.pid], cgroup=(SLURM_FIXTURES / "v1_task.txt").read_text())
+    with ProcessInspector(procfs=procfs, include_user=False) as inspector:
+        info = inspector.describe(child.pid)
+        assert info.user is None
+        assert info.slurm_job == SlurmJob("4242", "0")
+
+
 def test_host_process_has_no_container_id(children: Children, tmp_path: Path) -> None:
     child = children.sleep()
     procfs = fake_procfs(tmp_path, [child.pid], cgroup=(FIXTURES / "host_sshd_v2.txt").read_text())
@@ -171,6 +189,7 @@ def test_host_process_has_no_container_id(children: Children, tmp_path: Path) ->
         info = inspector.describe(child.pid)
         assert info.visible
         assert info.container_id is None
+        assert info.slurm_job is None
 
 
 def test_cmdline_only_when_opted_in(children: Children) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from gpuscope.cli.local_agent import find_local_agent, no_nvml_hints
 from gpuscope.config import Settings
 from gpuscope.sampling import NodeSampling
-from gpuscope.snapshot import Snapshot
+from gpuscope.snapshot import SlurmJob, Snapshot
 
 EXIT_OK, EXIT_FAILURE = 0, 1
 
@@ -54,7 +54,7 @@ def format_snapshot(snapshot: Snapshot) -> str:
         return f"{snapshot.hostname}: NVML is not available (no NVIDIA driver?)"
     lines = [f"{snapshot.hostname}  driver {snapshot.driver_version}  {len(snapshot.gpus)} GPU(s)", ""]
     gpu_rows = [("GPU", "NAME", "UTIL", "SM", "MEM USED/TOTAL", "POWER", "TEMP", "PROCS", "DIPS", "STATE")]
-    proc_rows = [("GPU", "PID", "PROCESS", "USER", "TYPE", "GPU MEM", "SM", "CONTAINER")]
+    proc_rows = [("GPU", "PID", "PROCESS", "USER", "TYPE", "GPU MEM", "SM", "CONTAINER", "JOB")]
     gib = 1 / 2**30
     for g in snapshot.gpus:
         active = (g.clock_event_reasons or frozenset()) - {"gpu_idle"}
@@ -70,12 +70,19 @@ def format_snapshot(snapshot: Snapshot) -> str:
             proc_rows.append((
                 str(g.index), str(p.pid), p.name or "?", p.user or "?", p.kind,
                 _fmt(p.memory_used_bytes, gib, ".1f", " GiB"), _fmt(p.sm_utilization_ratio, 100, ".0f", "%"),
-                (p.container_id or "-")[:12],
+                (p.container_id or "-")[:12], _slurm_step(p.slurm_job),
             ))
     lines += _table(gpu_rows)
     if len(proc_rows) > 1:
         lines += ["", *_table(proc_rows)]
     return "\n".join(lines)
+
+
+def _slurm_step(job: SlurmJob | None) -> str:
+    """Slurm's own notation for a step (``4242.0``, ``4242.batch``), or ``-`` outside a job."""
+    if job is None:
+        return "-"
+    return f"{job.job_id}.{job.step}" if job.step else job.job_id
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:

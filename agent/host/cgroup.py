@@ -61,13 +61,18 @@ def container_id_from_cgroup(text: str) -> str | None:
     return best[-1] if best else None
 
 
-def read_container_id(pid: int, procfs: Path = Path("/proc")) -> str | None:
-    """The container id of process ``pid``, or None for a host process or an unreadable file."""
+def read_cgroup_file(pid: int, procfs: Path = Path("/proc")) -> str | None:
+    """The content of ``/proc/<pid>/cgroup``, or None when it cannot be read."""
     try:
-        text = (procfs / str(pid) / "cgroup").read_text(encoding="utf-8", errors="replace")
+        return (procfs / str(pid) / "cgroup").read_text(encoding="utf-8", errors="replace")
     except OSError:  # the process exited, or /proc is hidden from us (hidepid)
         return None
-    return container_id_from_cgroup(text)
+
+
+def read_container_id(pid: int, procfs: Path = Path("/proc")) -> str | None:
+    """The container id of process ``pid``, or None for a host process or an unreadable file."""
+    text = read_cgroup_file(pid, procfs)
+    return None if text is None else container_id_from_cgroup(text)
 
 
 def _container_ids_in_path(path: str) -> list[str]:

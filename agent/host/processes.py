@@ -1,4 +1,4 @@
-"""Host details (name, user, container) of the processes NVML reports on the GPUs.
+"""Host details (name, user, container, Slurm job) of the processes NVML reports on the GPUs.
 
 NVML always reports *host* pids. A pid number means the same process to us only when the agent runs
 in the host's (initial) PID namespace, so outside it every process is reported as not visible
@@ -27,14 +27,16 @@ import os
 import re
 import select
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
 import psutil
 
-from gpuscope.host.cgroup import read_container_id
+from gpuscope.host.cgroup import container_id_from_cgroup, read_cgroup_file
+from gpuscope.host.slurm import slurm_job_from_cgroup
+from gpuscope.snapshot import SlurmJob
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ class HostProcess:
     user: str | None = None  # username, or the numeric uid as a string when no passwd entry
     container_id: str | None = None
     cmdline: tuple[str, ...] | None = None  # only when include_cmdline=True
+    slurm_job: SlurmJob | None = None  # its uid only when include_user=True
 
 
 _INVISIBLE = HostProcess(visible=False)
@@ -201,12 +204,18 @@ class ProcessInspector:
             self._debug_once(pid, start_ticks, "pid %d: cannot inspect: %s", pid, exc)
             name = user = None
             cmdline = None
+        # One read of the cgroup file serves both the container and the Slurm job.
+        cgroup = read_cgroup_file(pid, self._procfs_path) or ""
+        slurm_job = slurm_job_from_cgroup(cgroup)
+        if slurm_job is not None and not self._include_user:
+            slurm_job = replace(slurm_job, uid=None)  # processes.user false: no user, not even as a uid
         return HostProcess(
             visible=True,
             name=name,
             user=user,
-            container_id=read_container_id(pid, self._procfs_path),
+            container_id=container_id_from_cgroup(cgroup),
             cmdline=cmdline,
+            slurm_job=slurm_job,
         )
 
     def _field(self, pid: int, start_ticks: int, what: str, read: Callable[[], _T]) -> _T | None:
