@@ -175,10 +175,6 @@ class ProcessBusyTime:
             totals[pid] = integrator.total
         return totals
 
-    def forget(self) -> None:
-        """Drop every process's state (the GPU stopped reporting per-process samples)."""
-        self._by_pid.clear()
-
     def __len__(self) -> int:
         return len(self._by_pid)
 

@@ -28,3 +28,13 @@ def wait_ready(base: str, agent: subprocess.Popen[bytes] | None = None, timeout:
         except OSError:
             time.sleep(0.2)
     raise SystemExit(f"agent at {base} did not become ready in {timeout:.0f} s")
+
+
+def stop(agent: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if the agent has not exited within ``timeout`` seconds; reaped either way."""
+    agent.terminate()
+    try:
+        agent.wait(timeout)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        agent.wait()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import urllib.request
 from typing import Any
 
 import psutil
-from local_agent import free_port, wait_ready
+from local_agent import free_port, stop, wait_ready
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
@@ -110,11 +109,7 @@ def measure(interval: float, duration: float, scenario: str) -> dict[str, Any]:
             "metrics_text_ms_p99_while_sampling_1hz": round(percentile(text, 0.99) * 1000, 2),
         }
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(5)
-        except subprocess.TimeoutExpired:
-            agent.kill()
+        stop(agent, 5)
 
 
 def main() -> None:

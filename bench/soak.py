@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from local_agent import free_port, wait_ready
+from local_agent import free_port, stop, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -282,12 +282,7 @@ def soak(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         final = stats.read()
         end_text = get(base + "/metrics").decode()
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(10)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait()
+        stop(agent, 10)
     return summarize(args, tmp, Run(rss, rows, counters, final, end_text or last_text, snapshots,
                                     agent.returncode))
 

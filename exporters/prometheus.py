@@ -185,6 +185,9 @@ class SnapshotCollector(Collector):
         energy = CounterMetricFamily("gpu_process_energy_joules", _HELP_PROC_ENERGY, labels=labelnames,
                                      unit="joules")
         info = GaugeMetricFamily("gpu_process_info", _HELP_PROC_INFO, labels=(*labelnames, "type"))
+        # The families with one value per process, and the ProcessReading field each one reads.
+        per_pid = ((memory, "memory_used_bytes"), (sm, "sm_utilization_ratio"), (busy, "busy_seconds_total"),
+                   (energy, "energy_joules_total"))
         for gpu in gpus:
             if not gpu.up:
                 continue
@@ -194,27 +197,17 @@ class SnapshotCollector(Collector):
             # without the ``type`` label must appear once, so the first known value wins.
             # The same (pid, kind) listed twice would be a duplicate series and fail the whole scrape.
             info_seen: set[tuple[int, str]] = set()
-            memory_seen: set[int] = set()
-            sm_seen: set[int] = set()
-            busy_seen: set[int] = set()
-            energy_seen: set[int] = set()
+            valued = [(family, attribute, set[int]()) for family, attribute in per_pid]
             for process in gpu.processes:
                 labels = self._process_label_values(gpu_label, gpu.uuid, process, pod)
                 if (process.pid, process.kind) not in info_seen:
                     info_seen.add((process.pid, process.kind))
                     info.add_metric((*labels, process.kind), 1)
-                if process.memory_used_bytes is not None and process.pid not in memory_seen:
-                    memory_seen.add(process.pid)
-                    memory.add_metric(labels, process.memory_used_bytes)
-                if process.sm_utilization_ratio is not None and process.pid not in sm_seen:
-                    sm_seen.add(process.pid)
-                    sm.add_metric(labels, process.sm_utilization_ratio)
-                if process.busy_seconds_total is not None and process.pid not in busy_seen:
-                    busy_seen.add(process.pid)
-                    busy.add_metric(labels, process.busy_seconds_total)
-                if process.energy_joules_total is not None and process.pid not in energy_seen:
-                    energy_seen.add(process.pid)
-                    energy.add_metric(labels, process.energy_joules_total)
+                for family, attribute, seen in valued:
+                    value = getattr(process, attribute)
+                    if value is not None and process.pid not in seen:
+                        seen.add(process.pid)
+                        family.add_metric(labels, value)
         return [memory, sm, busy, energy, info]
 
     def _process_label_values(self, gpu_label: str, uuid: str, process: ProcessReading,
