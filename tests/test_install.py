@@ -124,19 +124,25 @@ import threading, grpc, torch
 import gpuscope.workload
 from gpuscope.generated.tsl import profiler_service_pb2, profiler_service_pb2_grpc
 server = gpuscope.workload.serve(port=0, host="127.0.0.1")
-stop = threading.Event()
+replies = []
+done = threading.Event()
 
-def train():
-    x = torch.randn(64, 64)
-    while not stop.is_set():
-        x = torch.relu(x @ x).clamp(max=1.0)
+def profile():  # the agent's side; the job trains in its main thread, as jobs do
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = profiler_service_pb2_grpc.ProfilerServiceStub(channel)
+            replies.append(stub.Profile(profiler_service_pb2.ProfileRequest(duration_ms=300), timeout=60))
+    finally:
+        done.set()
 
-threading.Thread(target=train, daemon=True).start()
-with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-    stub = profiler_service_pb2_grpc.ProfilerServiceStub(channel)
-    reply = stub.Profile(profiler_service_pb2.ProfileRequest(duration_ms=300), timeout=60)
-stop.set()
+client = threading.Thread(target=profile)
+client.start()
+x = torch.randn(64, 64)
+while not done.is_set():
+    x = torch.relu(x @ x).clamp(max=1.0)
+client.join()
 server.stop()
+reply = replies[0]
 loaded = sorted(name for name in sys.modules if name.split(".")[0] in blocked)
 print(len(reply.tool_data), reply.empty_trace, ",".join(loaded), sep="|")
 """
