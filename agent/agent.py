@@ -81,8 +81,11 @@ class Agent:
 
     def _build(self, settings: Settings) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(self.sampler, include_cmdline=settings.processes.cmdline,
-                                                 include_processes=settings.processes.export))
+        processes = settings.processes
+        self.registry.register(SnapshotCollector(self.sampler, include_cmdline=processes.cmdline,
+                                                 include_processes=processes.export,
+                                                 process_labels=processes.labels,
+                                                 max_per_gpu=processes.max_per_gpu))
         self.registry.register(SourceHealthCollector(self.health))
         self.systemd = SystemdNotifier()
         self.sampler.add_listener(self.systemd.on_snapshot)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from gpuscope.alerts.alertmanager import alertmanager_endpoint
@@ -27,6 +27,7 @@ from gpuscope.common.config_types import (
     format_errors,
 )
 from gpuscope.common.durations import format_duration
+from gpuscope.common.process_labels import DEFAULT_MAX_PER_GPU, PROCESS_LABEL_CHOICES, ProcessLabel
 from gpuscope.common.sizes import format_size
 from gpuscope.common.unixfs import FileTooLargeError, read_bounded
 from gpuscope.config_environment import environment_problems
@@ -54,6 +55,20 @@ class ProcessesConfig(Section):
         "Export one series per GPU process (gpu_process_*: pid, name, user, container) and list the "
         "processes in /api/v1/snapshot; false keeps the per-GPU series only. Alerts and captures still "
         "see the processes."))
+    labels: list[ProcessLabel] = Field(default_factory=lambda: list(PROCESS_LABEL_CHOICES), description=(
+        "The labels of the per-process series besides gpu and uuid (an allow-list). Without pid, the "
+        "processes of a GPU that share the other labels make one series, their values summed."))
+    max_per_gpu: int = Field(DEFAULT_MAX_PER_GPU, ge=1, le=4096, description=(
+        "Processes exported per GPU; those using the most device memory are kept and the others counted "
+        "in gpuscope_processes_dropped_total. Alerts and captures still see every process."))
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_once(cls, labels: list[str]) -> list[str]:
+        repeated = sorted({name for name in labels if labels.count(name) > 1})
+        if repeated:
+            raise ValueError(f"label(s) listed more than once: {', '.join(repeated)}")
+        return labels
 
 
 class IdleDipsConfig(Section):

@@ -8,23 +8,21 @@ types, units and labels is docs/metrics.md; tests/test_exporter.py keeps the two
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuscope.common.process_labels import DEFAULT_MAX_PER_GPU, PROCESS_LABEL_CHOICES
+from gpuscope.exporters.process_series import ProcessSeries
 from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
-from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, SlurmJob, Snapshot, SnapshotSource
+from gpuscope.snapshot import PodContainer, ProcessReading, SlurmJob, Snapshot, SnapshotSource
 from gpuscope.version import __version__
 
-CMDLINE_MAX_CHARS = 256  # keeps label values (and series size) bounded for long argv lists
-
 GPU_LABELS = ("gpu", "uuid")
-PROCESS_LABELS = ("gpu", "uuid", "pid", "process", "user", "container_id", "pod", "namespace", "container")
 POD_LABELS = ("pod", "namespace", "container")
 SLURM_LABELS = ("job_id", "step", "user")
-_NO_POD = ("", "", "")
 
 
 class _Reading(NamedTuple):
@@ -111,17 +109,6 @@ _HELP_POD_INFO = ("A pod container the kubelet allocated the GPU to (value alway
 _HELP_SLURM_JOB_INFO = ("A Slurm job step with a process on the GPU (value always 1), from the process's "
                         "cgroup; join on gpu and uuid to attribute any GPU series to jobs.")
 _HELP_PROCESSES = "Number of compute processes holding a context on the GPU."
-_HELP_PROC_MEMORY = "Device memory used by the process on this GPU, in bytes."
-_HELP_PROC_SM = ("Fraction of time (0-1) during which a kernel of the process was running on this GPU "
-                 "over the last sampling interval.")
-_HELP_PROC_BUSY = ("Time during which a kernel of the process was running on this GPU since the agent first "
-                   "saw the process, in seconds: the driver's per-process samples, each times its sample "
-                   "period.")
-_HELP_PROC_ENERGY = ("The part of the GPU's energy attributed to the process since the agent first saw it, "
-                     "in joules: each interval's energy times the share of the interval during which the "
-                     "process's kernels ran; an estimate.")
-_HELP_PROC_INFO = ("A process holding a context on the GPU (value always 1), with its type "
-                   "(compute or graphics) and host details.")
 _HELP_BUILD_INFO = "Build facts about the gpuscope agent (value always 1)."
 _HELP_NVML_UP = "Whether the NVML library is initialised and answering (1) or not (0)."
 _HELP_GPUS = "Number of GPUs discovered by NVML."
@@ -141,19 +128,19 @@ class SnapshotCollector(Collector):
     Before the first sampling tick (no snapshot yet) only the build info and ``gpuscope_nvml_up 0``
     are exported. While the snapshot is stale (the sampler stuck as a whole) only the agent's own
     ``gpuscope_*`` families are: frozen ``gpu_*`` values would look current, absent ones let Prometheus
-    mark the series stale. ``include_cmdline`` adds a ``cmdline`` label to the per-process series (off
-    by default: command lines can hold secrets and are high-cardinality); ``include_processes`` False
-    leaves the per-process series out altogether (``processes.export``).
+    mark the series stale. The per-process series are process_series.py's: ``process_labels`` is the
+    allow-list of their labels, ``max_per_gpu`` their cap per GPU; ``include_cmdline`` adds a ``cmdline``
+    label (off by default: command lines can hold secrets and are high-cardinality);
+    ``include_processes`` False leaves them out altogether (``processes.export``).
     """
 
     def __init__(self, source: SnapshotSource, *, include_cmdline: bool = False,
-                 include_processes: bool = True) -> None:
+                 include_processes: bool = True, process_labels: Sequence[str] = PROCESS_LABEL_CHOICES,
+                 max_per_gpu: int = DEFAULT_MAX_PER_GPU) -> None:
         self._source = source
-        self._include_cmdline = include_cmdline
         self._include_processes = include_processes
-        self._process_labels: tuple[str, ...] = (
-            (*PROCESS_LABELS, "cmdline") if include_cmdline else PROCESS_LABELS
-        )
+        self._processes = ProcessSeries(labels=process_labels, include_cmdline=include_cmdline,
+                                        max_per_gpu=max_per_gpu)
 
     def describe(self) -> Iterable[Metric]:
         # Empty on purpose: registering must not trigger a collect (the sampler may not run yet).
@@ -171,58 +158,10 @@ class SnapshotCollector(Collector):
         if not self._source.snapshot_is_stale():
             families.extend(_gpu_families(snapshot))
             if self._include_processes:
-                families.extend(self._process_families(snapshot.gpus))
+                families.extend(self._processes.families(snapshot.gpus))
+        if self._include_processes:
+            families.append(self._processes.dropped_family())
         return [family for family in families if family.samples]
-
-    def _process_families(self, gpus: Iterable[GpuReading]) -> list[Metric]:
-        labelnames = self._process_labels
-        memory = GaugeMetricFamily("gpu_process_memory_used_bytes", _HELP_PROC_MEMORY,
-                                   labels=labelnames, unit="bytes")
-        sm = GaugeMetricFamily("gpu_process_sm_utilization_ratio", _HELP_PROC_SM,
-                               labels=labelnames, unit="ratio")
-        busy = CounterMetricFamily("gpu_process_busy_seconds", _HELP_PROC_BUSY, labels=labelnames,
-                                   unit="seconds")
-        energy = CounterMetricFamily("gpu_process_energy_joules", _HELP_PROC_ENERGY, labels=labelnames,
-                                     unit="joules")
-        info = GaugeMetricFamily("gpu_process_info", _HELP_PROC_INFO, labels=(*labelnames, "type"))
-        # The families with one value per process, and the ProcessReading field each one reads.
-        per_pid = ((memory, "memory_used_bytes"), (sm, "sm_utilization_ratio"), (busy, "busy_seconds_total"),
-                   (energy, "energy_joules_total"))
-        for gpu in gpus:
-            if not gpu.up:
-                continue
-            gpu_label = str(gpu.index)
-            pod = _process_pod_labels(gpu.pods)
-            # NVML lists a process holding both a compute and a graphics context twice; the series
-            # without the ``type`` label must appear once, so the first known value wins.
-            # The same (pid, kind) listed twice would be a duplicate series and fail the whole scrape.
-            info_seen: set[tuple[int, str]] = set()
-            valued = [(family, attribute, set[int]()) for family, attribute in per_pid]
-            for process in gpu.processes:
-                labels = self._process_label_values(gpu_label, gpu.uuid, process, pod)
-                if (process.pid, process.kind) not in info_seen:
-                    info_seen.add((process.pid, process.kind))
-                    info.add_metric((*labels, process.kind), 1)
-                for family, attribute, seen in valued:
-                    value = getattr(process, attribute)
-                    if value is not None and process.pid not in seen:
-                        seen.add(process.pid)
-                        family.add_metric(labels, value)
-        return [memory, sm, busy, energy, info]
-
-    def _process_label_values(self, gpu_label: str, uuid: str, process: ProcessReading,
-                              pod: tuple[str, str, str]) -> tuple[str, ...]:
-        if process.host_visible:
-            values: tuple[str, ...] = (
-                gpu_label, uuid, str(process.pid),
-                process.name or "", process.user or "", process.container_id or "", *pod,
-            )
-        else:
-            values = (gpu_label, uuid, str(process.pid), "", "", "", *pod)
-        if self._include_cmdline:
-            cmdline = process.cmdline if process.host_visible else None
-            values = (*values, " ".join(cmdline)[:CMDLINE_MAX_CHARS] if cmdline else "")
-        return values
 
 
 def _slurm_job_label_values(processes: Iterable[ProcessReading]) -> list[tuple[str, str, str]]:
@@ -248,18 +187,6 @@ def _slurm_user(process: ProcessReading, job: SlurmJob) -> str:
 
 def _pod_label_values(pod: PodContainer) -> tuple[str, str, str]:
     return (pod.pod, pod.namespace, pod.container)
-
-
-def _process_pod_labels(pods: tuple[PodContainer, ...]) -> tuple[str, str, str]:
-    """(pod, namespace, container) for the processes on a GPU held by ``pods``. For a GPU
-    time-sliced between pods the kubelet cannot say which process is whose: no pod. Between
-    containers of one pod: the pod, without a container."""
-    if not pods:
-        return _NO_POD
-    first = pods[0]
-    if any((p.namespace, p.pod) != (first.namespace, first.pod) for p in pods[1:]):
-        return _NO_POD
-    return (first.pod, first.namespace, first.container if len(pods) == 1 else "")
 
 
 def _gauge(name: str, help_text: str, labelnames: tuple[str, ...],

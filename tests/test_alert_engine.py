@@ -17,7 +17,7 @@ from gpuscope.alerts.history import NodeHistory
 from gpuscope.alerts.model import AlertSource, Condition, Transition
 from gpuscope.alerts.rules.base import Rule, RuleConfig
 from gpuscope.alerts.rules.low_utilization import LowUtilizationRule
-from gpuscope.snapshot import Snapshot
+from gpuscope.snapshot import SlurmJob, Snapshot
 
 WALL0 = 1_700_000_000.0
 
@@ -325,3 +325,18 @@ def test_long_span_windows_keep_marks_not_every_tick() -> None:
     for t in range(700):
         engine.observe(make_snapshot(gpus=[make_gpu(0)], monotonic=float(t), timestamp=WALL0 + t))
     assert len(history._gpus[0].marks) == 65 and len(history._gpus[0].points) == 137
+
+
+def test_an_alert_on_a_gpu_running_slurm_jobs_names_them_in_its_summary() -> None:
+    engine = AlertEngine([Below.configured()], hostname="node-a")
+    job = SlurmJob("4242", "0", uid=1000)
+    processes = (make_process(101, slurm_job=job, user="alice"),
+                 make_process(102, slurm_job=job, user="alice"),
+                 make_process(103, slurm_job=SlurmJob("4243", "batch"), user=None),
+                 make_process(104, slurm_job=SlurmJob("9", "7"), host_visible=False))
+    gpus = [make_gpu(0, utilization_ratio=0.2, processes=processes),
+            make_gpu(1, utilization_ratio=0.2, processes=(make_process(201),))]
+    (first, second) = engine.observe(make_snapshot(gpus=gpus, monotonic=0.0, timestamp=WALL0))
+    assert first.summary == "GPU 0 at 0.2; Slurm jobs 4242.0 (user alice) and 4243.batch on it"
+    assert second.summary == "GPU 1 at 0.2"  # outside Slurm: as the rule wrote it
+    assert [a.summary for a in engine.alerts()] == [first.summary, second.summary]

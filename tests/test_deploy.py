@@ -348,11 +348,14 @@ def test_the_servicemonitor_keeps_the_agents_pod_labels_in_a_real_prometheus(
     assert pods == {"llm-pretrain-0", "llm-pretrain-1", "llm-pretrain-2", "eval-nightly", "llm-pretrain-3"}
 
 
-def test_the_prometheusrule_carries_the_rules_file(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+def test_the_prometheusrule_carries_the_alerting_and_recording_rules(rendered: list[dict[str, Any]],
+                                                                     tmp_path: Path) -> None:
     (rule,) = by_kind(rendered, "PrometheusRule")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
-    source = yaml.safe_load((ROOT / "deploy" / "prometheus" / "gpuscope-rules.yml").read_text())
-    assert rule["spec"]["groups"] == source["groups"]
+    groups = [group for name in ("gpuscope-rules.yml", "gpuscope-recording-rules.yml")
+              for group in yaml.safe_load((ROOT / "deploy" / "prometheus" / name).read_text())["groups"]]
+    assert rule["spec"]["groups"] == groups
+    assert {"gpuscope-report"} <= {group["name"] for group in groups}
     promtool = tool("promtool", "scripts/test.sh installs Debian's prometheus")
     path = tmp_path / "rules.yml"
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))

@@ -40,7 +40,8 @@ from gpuscope.capture.model import Outcome, TriggerKind
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.exporters.health import SourceHealthCollector
-from gpuscope.exporters.prometheus import CMDLINE_MAX_CHARS, SnapshotCollector
+from gpuscope.exporters.process_series import CMDLINE_MAX_CHARS
+from gpuscope.exporters.prometheus import SnapshotCollector
 from gpuscope.exporters.web import WebCollector
 from gpuscope.health import SOURCES, SourceHealth
 from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
@@ -296,7 +297,7 @@ def test_nvml_down_snapshot() -> None:
     assert sorted(collect(snapshot)) == sorted([
         "gpuscope_build_info", "gpuscope_nvml_up", "gpuscope_gpus", "gpuscope_sample_duration_seconds",
         "gpuscope_last_sample_timestamp_seconds", "gpuscope_sample_errors_total",
-        "gpuscope_nvml_stuck_calls_total",
+        "gpuscope_nvml_stuck_calls_total", "gpuscope_processes_dropped_total",
     ])
     assert samples(snapshot, "gpuscope_nvml_up") == {(): 0.0}
     assert samples(snapshot, "gpuscope_gpus") == {(): 0.0}

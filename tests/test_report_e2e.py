@@ -30,9 +30,15 @@ from pathlib import Path
 
 import pytest
 from agent_process import free_port, run_ready_server
+from prometheus_client import CollectorRegistry
+from snapshots import FakeSource, make_full_snapshot
 from test_e2e_prometheus import PROMETHEUS, PROMTOOL, require
+from test_exporter import _alert_source, _capture_stats
 
 from gpuscope.cli.main import main
+from gpuscope.exporters.alerts import AlertCollector
+from gpuscope.exporters.captures import CaptureCollector
+from gpuscope.exporters.prometheus import SnapshotCollector
 
 pytestmark = pytest.mark.e2e
 
@@ -322,3 +328,22 @@ def test_a_range_without_data_says_so(week: tuple[str, Path],
     assert code == 1
     assert err.startswith("gpuscope report: no GPU process data in the range")
     assert "2023-01-01T00:00:00Z to 2023-01-08T00:00:00Z" in err
+
+
+def test_the_week_has_the_names_and_labels_the_agent_exports() -> None:
+    """The generated week is hand-written OpenMetrics: this keeps it the agent's own families and label
+    names (Prometheus adds instance and job), so the report is checked on what a real node exports."""
+    written: dict[str, set[str]] = {}
+    for line in openmetrics():
+        if line.startswith("#"):
+            continue
+        name, _, rest = line.partition("{")
+        written.setdefault(name, {pair.split("=")[0] for pair in rest.split("}")[0].split(",")})
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(FakeSource(make_full_snapshot())))
+    registry.register(CaptureCollector(_capture_stats()))
+    registry.register(AlertCollector(_alert_source()))
+    exported = {sample.name: set(sample.labels) for family in registry.collect() for sample in family.samples}
+    for name, labels in written.items():
+        assert name in exported, f"{name}: not a series the agent exports"
+        assert labels - {"instance", "job"} == exported[name], name

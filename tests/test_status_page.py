@@ -31,7 +31,7 @@ from snapshots import FakeSource, make_gpu, make_gpus, make_process, make_snapsh
 from gpuscope.alerts.model import Alert, AlertState, TransitionState
 from gpuscope.capture.model import CaptureRecord, CaptureTarget, TargetOutcome, Trigger
 from gpuscope.capture.store import CaptureStore
-from gpuscope.snapshot import PodContainer, Snapshot
+from gpuscope.snapshot import PodContainer, SlurmJob, Snapshot
 from gpuscope.web.capture_download import capture_archive
 from gpuscope.web.server import AgentHttpServer
 from gpuscope.web.status_page import RECENT_CAPTURES
@@ -231,6 +231,23 @@ def test_users_hidden_when_user_lookup_is_off(tmp_path: Path) -> None:
         page = served.page()
     assert "train-rank0" in page
     assert "alice" not in page and "bob" not in page and "<th>User</th>" not in page
+
+
+def test_slurm_jobs_get_a_column_only_on_a_node_that_runs_them(tmp_path: Path) -> None:
+    with serving(tmp_path) as served:
+        assert "Slurm job" not in served.page()
+    gpus = list(make_gpus(2))
+    gpus[0] = replace(gpus[0], processes=(make_process(1001, slurm_job=SlurmJob("4242", "0")),
+                                          make_process(1002, slurm_job=SlurmJob("4243", ""))))
+    gpus[1] = replace(gpus[1], processes=(make_process(1101),))
+    with serving(tmp_path, snapshot=make_snapshot(gpus=gpus, timestamp=time.time())) as served:
+        page = served.page()
+    assert "<th>Slurm job</th>" in page
+    rows = {row.split('<td class="num">')[2].split("<")[0]: row
+            for row in page.split('<tr class="process">')[1:]}
+    assert '<td class="mono">4242.0</td>' in rows["1001"]
+    assert '<td class="mono">4243</td>' in rows["1002"]
+    assert '<td class="mono">' not in rows["1101"].split("</tr>")[0]  # no job: an empty cell
 
 
 def test_sparklines_come_from_the_history(tmp_path: Path) -> None:

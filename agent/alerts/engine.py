@@ -35,9 +35,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuscope.alerts.history import NodeHistory
+from gpuscope.alerts.history import NodeHistory, Occupancy
 from gpuscope.alerts.model import Alert, AlertState, Condition, Transition, TransitionState
-from gpuscope.alerts.rules.base import Rule
+from gpuscope.alerts.rules.base import Rule, slurm_jobs_text
 from gpuscope.common.durations import format_duration
 from gpuscope.health import SourceHealth
 from gpuscope.snapshot import Snapshot
@@ -125,9 +125,10 @@ class AlertEngine:
                 continue
             self._failing.discard(rule.name)
             evaluated = history.present if rule.include_down else history.up
-            for gpu, condition in conditions.items():
+            for gpu, found in conditions.items():
                 if gpu not in evaluated:
                     continue
+                condition = _with_slurm_jobs(found, history.occupancy(gpu))
                 state = states.get(gpu)
                 if state is None:
                     firing = rule.for_seconds <= 0
@@ -193,6 +194,13 @@ class AlertEngine:
             for t in transitions:
                 key = (t.name, t.state)
                 self._counts[key] = self._counts.get(key, 0) + 1
+
+
+def _with_slurm_jobs(condition: Condition, occupancy: Occupancy | None) -> Condition:
+    """The condition with the Slurm job steps on its GPU named at the end of its summary, so that an
+    alert on an HPC node says whose job it is about."""
+    jobs = slurm_jobs_text(occupancy.processes) if occupancy is not None else ""
+    return replace(condition, summary=f"{condition.summary}; {jobs} on it") if jobs else condition
 
 
 def _log_transition(rule: Rule[Any], gpu: int, to: TransitionState, summary: str) -> None:

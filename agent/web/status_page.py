@@ -162,6 +162,9 @@ def _processes_section(view: StatusView, snapshot: Snapshot) -> str:
         return _section("Processes", '<p class="note muted">Process details are not shown on this agent '
                                      "(<code>processes.export: false</code>).</p>")
     rows = []
+    # The Slurm job column only on a node that runs Slurm jobs: elsewhere it would be empty.
+    show_jobs = any(p.slurm_job is not None and p.host_visible
+                    for gpu in snapshot.gpus for p in gpu.processes)
     for gpu in snapshot.gpus:
         pod = _pod_cells(gpu.pods)
         seen: set[int] = set()  # NVML lists a process with a compute and a graphics context twice
@@ -169,18 +172,20 @@ def _processes_section(view: StatusView, snapshot: Snapshot) -> str:
             if process.pid in seen:
                 continue
             seen.add(process.pid)
-            rows.append(_process_row(view, gpu, process, pod))
+            rows.append(_process_row(view, gpu, process, pod, show_jobs))
     if not rows:
         return _section("Processes", '<p class="note muted">No process holds a GPU.</p>')
     headings = ["GPU", "PID", "Process"]
     if view.include_users:
         headings.append("User")
+    if show_jobs:
+        headings.append("Slurm job")
     headings += ["Memory", "SM", "Pod", "Namespace", "Container"]
     return _section("Processes", _table(headings, rows), "processes")
 
 
 def _process_row(view: StatusView, gpu: GpuReading, process: ProcessReading,
-                 pod: tuple[str, str, str]) -> str:
+                 pod: tuple[str, str, str], show_jobs: bool) -> str:
     if process.host_visible:
         name = _e(process.name) if process.name else _NONE
     else:
@@ -189,6 +194,10 @@ def _process_row(view: StatusView, gpu: GpuReading, process: ProcessReading,
              f'<td class="pname">{name}</td>']
     if view.include_users:
         cells.append(f"<td>{_e(process.user) if process.user and process.host_visible else _NONE}</td>")
+    if show_jobs:
+        job = process.slurm_job if process.host_visible else None
+        step = (f"{job.job_id}.{job.step}" if job.step else job.job_id) if job is not None else ""
+        cells.append(f'<td class="mono">{_e(step)}</td>' if step else f"<td>{_NONE}</td>")
     pod_name, namespace, container = pod
     if not container and process.container_id and process.host_visible:
         # No pod to name it: the container runtime's id, shortened as `docker ps` shows it.

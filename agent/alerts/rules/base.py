@@ -32,7 +32,7 @@ from gpuscope.alerts.history import NodeHistory, Window
 from gpuscope.alerts.model import Condition, Severity
 from gpuscope.common.config_types import Section
 from gpuscope.common.durations import format_duration, parse_duration
-from gpuscope.snapshot import PodContainer
+from gpuscope.snapshot import PodContainer, ProcessReading
 
 BUSY_FRACTION = 0.8  # a window "has a job" when a compute process ran during this much of it
 MAX_WINDOW_SECONDS = 3600.0  # bounds the history kept per GPU
@@ -150,6 +150,23 @@ def pods_text(pods: Iterable[PodContainer]) -> str:
     named = [f"{namespace}/{name} (container{'s' if len(containers) > 1 else ''} {', '.join(containers)})"
              for (namespace, name), containers in by_pod.items()]
     return f"pod{'s' if len(named) > 1 else ''} {listing(named)}"
+
+
+def slurm_jobs_text(processes: Iterable[ProcessReading]) -> str:
+    """The Slurm job steps of ``processes`` as a summary names them, in Slurm's own notation:
+    "Slurm job 4242.0 (user alice)", "Slurm jobs 4242.0 (user alice) and 4243.batch"; "" outside Slurm."""
+    steps: dict[str, str | None] = {}
+    for process in processes:
+        job = process.slurm_job
+        if job is None or not process.host_visible:
+            continue
+        name = f"{job.job_id}.{job.step}" if job.step else job.job_id
+        if steps.get(name) is None:
+            steps[name] = process.user
+    if not steps:
+        return ""
+    named = [f"{name} (user {user})" if user else name for name, user in steps.items()]
+    return f"Slurm job{'s' if len(named) > 1 else ''} {listing(named, more='more jobs')}"
 
 
 class RuleConfig(Section):
