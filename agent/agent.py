@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
 from gpuscope.alerts.alertmanager import AlertmanagerNotifier, instance_label
+from gpuscope.alerts.capture_verdicts import CaptureVerdicts
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.eventlog import AlertEventLog
 from gpuscope.alerts.rules import build_rules
@@ -94,6 +95,7 @@ class Agent:
         ProcessCollector(registry=self.registry)  # the agent's own CPU and memory, to prove its overhead
 
         alerting = settings.alerting
+        self.capture_verdicts = CaptureVerdicts()  # what alert-triggered captures showed, for the alerts
         self.alerts: AlertEngine | None = None
         self.notifier: AlertmanagerNotifier | None = None
         if alerting.enabled:
@@ -117,7 +119,11 @@ class Agent:
         if self.captures is not None:
             if self.alerts is not None:
                 self.alerts.add_listener(self.captures.service.on_transition)
-            self.registry.register(CaptureCollector(self.captures.service))
+            self.registry.register(CaptureCollector(self.captures.service, self.captures.analysis))
+            if self.captures.analysis is not None:
+                self.captures.analysis.add_listener(self.capture_verdicts.on_analysed)
+                if self.event_log is not None:
+                    self.captures.analysis.add_listener(self.event_log.record_analysis)
             if settings.capture.webhook.enabled:
                 webhook_auth = build_webhook_auth(settings, self.web_config)
                 self.webhook = WebhookReceiver(self.captures.service.submit,
@@ -168,7 +174,8 @@ class Agent:
             # Built once the port is bound: the alert's `instance` label names the real address.
             self.notifier = AlertmanagerNotifier(
                 self.settings.alerting.alertmanager, self.alerts, hostname=self.hostname,
-                instance=instance_label(host, port, self.hostname), health=self.health)
+                instance=instance_label(host, port, self.hostname), health=self.health,
+                verdicts=self.capture_verdicts)
             self.alerts.add_listener(self.notifier)
             self.notifier.start()
         self.sampler.start()

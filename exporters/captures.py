@@ -40,13 +40,20 @@ class CaptureStats(Protocol):
         ...
 
 
+class FindingStats(Protocol):
+    def finding_counts(self) -> Mapping[str, int]:
+        """Finding kind (``healthy``: none) -> analysed captures that showed it, since the agent started."""
+        ...
+
+
 class CaptureCollector(Collector):
     """Collects ``gpuscope_captures_total``, ``gpuscope_capture_store_bytes``,
     ``gpuscope_capture_budget_remaining`` and ``gpuscope_capture_last_timestamp_seconds`` from
-    ``source``."""
+    ``source``, and ``gpuscope_capture_findings_total`` from ``findings`` (the analysis worker)."""
 
-    def __init__(self, source: CaptureStats) -> None:
+    def __init__(self, source: CaptureStats, findings: FindingStats | None = None) -> None:
         self._source = source
+        self._findings = findings
 
     def describe(self) -> Iterable[Metric]:
         return []  # registration must not read the store
@@ -81,6 +88,15 @@ class CaptureCollector(Collector):
                 "gpuscope_capture_budget_remaining",
                 "Captures the hourly budget (capture.hourly_budget) still allows in the rolling hour, "
                 "restored across restarts.", value=float(budget)))
+        if self._findings is not None:
+            findings = CounterMetricFamily(
+                "gpuscope_capture_findings",
+                "Analysed captures since the agent started by what their traces showed (input_bound, "
+                "host_sync, launch_bound, communication_wait, idle_between_steps; healthy: none of "
+                "them), in captures.", labels=("finding",))
+            for finding, count in sorted(self._findings.finding_counts().items()):
+                findings.add_metric((finding,), float(count))
+            families.append(findings)
         last = self._source.last_capture_timestamp()
         if last is not None:
             families.append(GaugeMetricFamily(

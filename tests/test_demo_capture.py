@@ -40,6 +40,8 @@ import psutil
 import pytest
 from agent_process import free_port, http_get
 
+from gpuscope.simulate.traced_work import INPUT_WAIT
+
 REPO = Path(__file__).resolve().parent.parent
 RUNUSER = shutil.which("runuser")
 CAPTURE_S = 2.0
@@ -166,7 +168,7 @@ def capture_gpu0(person: Person, agent: DemoAgent, socket_path: Path, out_dir: P
     spans = [e for e in document["traceEvents"] if e.get("ph") == "X" and e.get("cat") != "Trace"]
     assert spans and {e["pid"] for e in spans} == {pid}
     names = {e["name"] for e in spans}
-    assert {"compute", "wait", "ProfilerStep#0"} <= names, names
+    assert {"compute", INPUT_WAIT, "ProfilerStep#0"} <= names, names
     # Real timestamps: every span lies within the capture command's run, and the recording covers
     # about the requested time (it ends at the capture's end; the first step may start a little late).
     base_us = document["baseTimeNanoseconds"] / 1000

@@ -39,6 +39,7 @@ from gpuscope.capture.model import BackendResult, CaptureTarget
 from gpuscope.simulate import Simulation
 from gpuscope.simulate.kineto_client import TraceConfigError, TraceRequest
 from gpuscope.simulate.loader import parse_scenario
+from gpuscope.simulate.traced_work import INPUT_WAIT
 
 SCENARIO = """
 name: capturable
@@ -103,7 +104,7 @@ def test_a_process_is_traced_doing_what_its_gpu_does(node: Node, tmp_path: Path)
     whole = [e for e in spans if e["name"].startswith("ProfilerStep#") and 0.9e6 < e["dur"] < 1.1e6]
     assert whole, spans
     computing = [e for e in spans if e["name"] == "compute" and e["dur"] > 0.4e6]
-    waiting = [e for e in spans if e["name"] == "wait" and e["dur"] > 0.4e6]
+    waiting = [e for e in spans if e["name"] == INPUT_WAIT and e["dur"] > 0.4e6]
     assert computing and waiting
     assert all(0.4e6 < e["dur"] < 0.6e6 for e in computing + waiting)
     assert all(e["args"]["blocks"] > 0 for e in computing)
@@ -118,7 +119,7 @@ def test_a_steady_process_computes_most_of_the_time(node: Node, tmp_path: Path) 
     result, spans = node.capture("sim-steady", tmp_path, 1.0)
     assert result.outcome == "captured", result
     busy = sum(e["dur"] for e in spans if e["name"] == "compute")
-    idle = sum(e["dur"] for e in spans if e["name"] == "wait")
+    idle = sum(e["dur"] for e in spans if e["name"] == INPUT_WAIT)
     assert busy > 5 * idle > 0
 
 

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from gpuscope.alerts.capture_verdicts import CaptureVerdict, CaptureVerdicts
 from gpuscope.alerts.config import AlertmanagerConfig
 from gpuscope.alerts.model import Alert, AlertSource, Transition
 from gpuscope.common.addresses import format_host_port
@@ -111,8 +112,10 @@ class AlertmanagerNotifier:
         retry_initial_seconds: float = RETRY_INITIAL_SECONDS,
         retry_max_seconds: float = RETRY_MAX_SECONDS,
         health: SourceHealth | None = None,
+        verdicts: CaptureVerdicts | None = None,
     ) -> None:
         self._health = health
+        self._verdicts = verdicts
         self.endpoint = alertmanager_endpoint(config.url)
         self._resend_interval = config.resend_interval
         self._timeout = config.timeout
@@ -292,22 +295,30 @@ class AlertmanagerNotifier:
 
     def _from_transition(self, key: _AlertKey, t: Transition, now: float) -> dict[str, Any]:
         ends_at = max(t.at, t.active_since) if t.state == "resolved" else self._firing_ends_at(now)
-        return self._item(key, t.active_since, ends_at, t.summary, t.values)
+        return self._item(key, t.active_since, ends_at, t.summary, values=t.values,
+                          verdict=self._verdict(t.name, t.gpu, t.active_since))
 
     def _from_alert(self, alert: Alert, now: float) -> tuple[_AlertKey, dict[str, Any]]:
         key = self._key(alert)
         ends_at = self._firing_ends_at(now)
-        return key, self._item(key, alert.active_since, ends_at, alert.summary, alert.values)
+        return key, self._item(key, alert.active_since, ends_at, alert.summary, values=alert.values,
+                               verdict=self._verdict(alert.name, alert.gpu, alert.active_since))
+
+    def _verdict(self, alertname: str, gpu: int, active_since: float) -> CaptureVerdict | None:
+        return self._verdicts.for_alert(alertname, gpu, active_since) if self._verdicts is not None else None
 
     def _firing_ends_at(self, now: float) -> float:
         return now + ENDS_AT_RESEND_INTERVALS * self._resend_interval
 
-    def _item(self, key: _AlertKey, starts_at: float, ends_at: float, summary: str,
-              values: Mapping[str, float]) -> dict[str, Any]:
+    def _item(self, key: _AlertKey, starts_at: float, ends_at: float, summary: str, *,
+              values: Mapping[str, float], verdict: CaptureVerdict | None) -> dict[str, Any]:
         annotations = {"summary": summary}
         description = ", ".join(f"{name}={_number(value)}" for name, value in sorted(values.items()))
         if description:
             annotations["description"] = description
+        if verdict is not None:  # what the capture this alert triggered showed
+            annotations["diagnosis"] = verdict.headline
+            annotations["capture_id"] = verdict.capture_id
         return {
             "labels": dict(key),
             "annotations": annotations,

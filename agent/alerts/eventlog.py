@@ -12,7 +12,9 @@ or deleted by someone else (an external logrotate) is noticed at the next write 
 again.
 
 Line format (schema ``version`` 1): ``Transition.to_json()`` plus ``"version": 1``; non-finite
-values (NaN, infinity), which JSON cannot represent, are written as null.
+values (NaN, infinity), which JSON cannot represent, are written as null. When a capture an alert
+triggered has been analysed, a line with ``"event": "capture_analysis"`` follows (the alert's name
+and GPU, the capture id, the verdict, its headline and findings); transition lines have no ``event``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import IO, Any
 
 from gpuscope.alerts.config import EventLogConfig
 from gpuscope.alerts.model import Transition
+from gpuscope.capture.model import CaptureRecord
 from gpuscope.health import SourceHealth
 from gpuscope.threads import start_thread
 
@@ -86,6 +89,24 @@ class AlertEventLog:
         with self._wake:
             if self._closed:
                 log.debug("event log closed; transition not written: %s", line)
+                return
+            self._keep([line])
+            self._wake.notify()
+
+    def record_analysis(self, record: CaptureRecord) -> None:
+        """Queue the line of an analysed capture that an alert triggered (an analysis listener): the
+        alert's transitions are then followed by what its capture showed."""
+        analysis = record.analysis or {}
+        if record.trigger.kind != "alert" or not analysis:
+            return
+        line = _encode({"version": SCHEMA_VERSION, "event": "capture_analysis",
+                        "name": record.trigger.alertname, "gpu": record.gpu, "capture_id": record.id,
+                        "at": time.time(), "verdict": analysis.get("verdict"),
+                        "headline": analysis.get("headline"), "skipped": analysis.get("skipped"),
+                        "findings": [{k: f.get(k) for k in ("kind", "severity", "share", "summary")}
+                                     for f in analysis.get("findings") or ()]})
+        with self._wake:
+            if self._closed:
                 return
             self._keep([line])
             self._wake.notify()

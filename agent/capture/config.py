@@ -204,6 +204,17 @@ class WebhookConfig(Section):
         return self
 
 
+class AnalysisConfig(Section):
+    enabled: bool = Field(True, description=(
+        "Diagnose each stored capture right after it is taken (input-bound, host-sync-bound, "
+        "launch-bound, idle), in a child process; the verdict goes into its record."))
+    max_trace_bytes: ByteSize = Field(512 * 2**20, ge=MIN_QUOTA_BYTES, description=(
+        "A capture whose traces are larger in all is not analysed (its record says so)."))
+    cpu_seconds: int = Field(120, ge=1, le=3600, description="CPU time one analysis may use.")
+    memory_bytes: ByteSize = Field(2 * 2**30, ge=256 * 2**20, description=(
+        "Address space of the analysis process (its RLIMIT_AS)."))
+
+
 class CaptureConfig(Section):
     enabled: bool = Field(True, description="Take captures at all (alert, webhook and user triggers).")
     store: StoreConfig = Field(default_factory=StoreConfig)
@@ -234,6 +245,7 @@ class CaptureConfig(Section):
                                         description="Profiler services named by hand.")
     kineto: KinetoConfig = Field(default_factory=KinetoConfig)
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
+    analysis: AnalysisConfig = Field(default_factory=AnalysisConfig)
 
     @model_validator(mode="after")
     def _duration_within_max(self) -> CaptureConfig:

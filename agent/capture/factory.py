@@ -6,6 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from gpuscope.capture.analysis_worker import AnalysisLimits, AnalysisWorker
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.kineto.backend import KinetoBackend
 from gpuscope.capture.kineto.daemon import KinetoDaemon
@@ -28,8 +29,11 @@ class Captures:
     service: CaptureService
     store: CaptureStore
     kineto: KinetoDaemon
+    analysis: AnalysisWorker | None = None
 
     def start(self) -> None:
+        if self.analysis is not None:
+            self.analysis.start()
         try:
             self.kineto.start()
         except KinetoDaemonError as err:  # e.g. a dynolog daemon already owns @dynolog
@@ -42,6 +46,8 @@ class Captures:
         the next start), the Kineto daemon stops, the store is released."""
         deadline = time.monotonic() + timeout
         self.service.stop(timeout=max(0.0, deadline - time.monotonic()))
+        if self.analysis is not None:
+            self.analysis.stop(timeout=max(0.0, deadline - time.monotonic()))
         if self.kineto.running:
             self.kineto.stop(timeout=max(0.0, deadline - time.monotonic()))
         self.store.close()
@@ -76,7 +82,13 @@ def build_captures(config: CaptureConfig, *, snapshots: SnapshotSource, hostname
     service = CaptureService(store=store, policy=policy, resolver=resolver,
                              backends=backends, snapshots=snapshots, hostname=hostname, health=health,
                              deadline_margin_s=config.deadline_margin)
-    return Captures(service, store, kineto)
+    analysis = None
+    if config.analysis.enabled:
+        analysis = AnalysisWorker(store, AnalysisLimits(
+            max_trace_bytes=config.analysis.max_trace_bytes, cpu_seconds=config.analysis.cpu_seconds,
+            memory_bytes=config.analysis.memory_bytes))
+        service.add_stored_listener(analysis.submit)
+    return Captures(service, store, kineto, analysis)
 
 
 def restored_admissions(ledger: AdmissionLedger, store: CaptureStore) -> Admissions:

@@ -121,6 +121,9 @@ class CaptureRecord:
     error: str | None = None
     files: tuple[str, ...] = field(default_factory=tuple)
     hostname: str = ""
+    # What the traces show (gpuscope.capture.analysis_worker's summary), added after the capture;
+    # None until then, and for captures without a trace.
+    analysis: dict[str, Any] | None = None
     version: int = 1
 
     def to_json(self) -> dict[str, Any]:

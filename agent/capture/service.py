@@ -82,6 +82,11 @@ class CaptureService:
         self._lock = threading.Lock()
         self._counts: dict[tuple[TriggerKind, Outcome], int] = {}
         self._thread: threading.Thread | None = None
+        self._stored_listeners: list[Callable[[CaptureRecord], None]] = []
+
+    def add_stored_listener(self, callback: Callable[[CaptureRecord], None]) -> None:
+        """Called in the capture thread with the record of each capture stored with a trace."""
+        self._stored_listeners.append(callback)
 
     # ------------------------------------------------------------ triggers
 
@@ -221,6 +226,12 @@ class CaptureService:
         on_gpu = [] if gpu is None else [f"GPU {gpu}"]  # a target's own description names the pid
         log.info("capture %s: %s (%s)", record.id, record.outcome,
                  ", ".join([*on_gpu, *(o.target.describe() for o in record.targets)]))
+        if record.outcome == "captured" and record.files:
+            for listener in self._stored_listeners:
+                try:
+                    listener(record)
+                except Exception:
+                    log.exception("stored-capture listener %r failed", listener)
         return record
 
     def _run_backend(self, target: CaptureTarget, decision: Decision, staging: Staging) -> TargetOutcome:

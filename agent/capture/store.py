@@ -441,6 +441,30 @@ class CaptureStore:
             self._index[staging.id] = _Entry(final, size)
         return final
 
+    def annotate(self, capture_id: str, analysis: dict[str, Any]) -> CaptureRecord:
+        """Add the analysis of a complete capture to its record: capture.json replaced in one rename
+        (written first in the staging area, so a crash leaves the old record or the new one, and
+        nothing a recovery would not remove). CaptureNotFoundError if it was evicted meanwhile."""
+        with self._lock:
+            entry = self._entry(capture_id)
+            record = replace(entry.record, analysis=analysis)
+            payload = record_to_bytes(record)
+            path = self.root / capture_id / RECORD_FILE
+            try:
+                old_size = os.lstat(path).st_size
+                self._keep_free(len(payload))
+                scratch = self._staging_root / f"{capture_id}.record"
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(scratch)
+                write_new_file(scratch, payload, mode=0o640)
+                os.rename(scratch, path)
+                fsync_path(path.parent, directory=True)
+            except OSError as err:
+                raise CaptureStoreError(f"cannot update the record of capture {capture_id}: "
+                                        f"{err.strerror or err}") from err
+            self._index[capture_id] = _Entry(record, entry.disk_bytes - old_size + len(payload))
+            return record
+
     def _claim(self, staging: Staging, size: int) -> None:
         """Room for ``size`` more bytes of ``staging`` within the quota and the file system's
         min_free_bytes (see the module's docstring)."""

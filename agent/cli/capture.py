@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -136,6 +137,12 @@ def add_capture_commands(subparsers: Any) -> None:
                      help="Where to write the files (created if missing; existing files are never "
                           "overwritten).")
     _connection_flags(get, fleet=False)
+    explain = sub.add_parser("explain", help="Diagnose a stored capture: where its steps' time went.",
+                             description="Download a capture's traces and diagnose them as `gpuscope "
+                                         "explain` does: the verdict first, then the evidence.")
+    explain.add_argument("id", help="The capture id, as `gpuscope captures ls` shows it.")
+    explain.add_argument("--json", action="store_true", help="Print the diagnoses as JSON.")
+    _connection_flags(explain, fleet=False)
 
 
 def run_capture_command(args: argparse.Namespace) -> int:
@@ -147,6 +154,8 @@ def run_capture_command(args: argparse.Namespace) -> int:
             return _capture(args)
         if args.captures_command == "ls":
             return _list(args)
+        if args.captures_command == "explain":
+            return _explain(args)
         return _get(args)
     except ControlError as err:
         print(f"gpuscope: {err}", file=sys.stderr)
@@ -285,7 +294,7 @@ def _list(args: argparse.Namespace) -> int:
     if not records:
         print("no captures stored")
         return EXIT_OK
-    rows = [("ID", "STARTED (UTC)", "OUTCOME", "TRIGGER", "GPU", "PIDS", "SIZE", "TARGET")]
+    rows = [("ID", "STARTED (UTC)", "OUTCOME", "TRIGGER", "GPU", "PIDS", "SIZE", "FINDING", "TARGET")]
     for r in records:
         trigger = r.get("trigger") or {}
         kind = str(trigger.get("kind") or "-")
@@ -294,7 +303,7 @@ def _list(args: argparse.Namespace) -> int:
         rows.append((str(r.get("id")), _time(r.get("start")), str(r.get("outcome")), kind,
                      "-" if r.get("gpu") is None else str(r["gpu"]),
                      ",".join(map(str, r.get("pids") or ())) or "-", format_size(int(r.get("bytes") or 0)),
-                     str(r.get("target") or "-")))
+                     _finding(r.get("analysis")), str(r.get("target") or "-")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
@@ -302,6 +311,15 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _get(args: argparse.Namespace) -> int:
+    written = _download(args, args.output)
+    print(f"{len(written)} file(s) of capture {args.id} written to {args.output}")
+    for line in viewer_hints(written, args.output):
+        print(line)
+    return EXIT_OK
+
+
+def _download(args: argparse.Namespace, output: Path) -> list[str]:
+    """Capture ``args.id``'s files written into ``output``."""
     try:
         check_capture_id(args.id)  # before connecting: a malformed id is the caller's mistake (exit 2)
     except CaptureIdError as err:
@@ -309,17 +327,22 @@ def _get(args: argparse.Namespace) -> int:
     with _client(args) as client:
         _which_agent(client)
         try:
-            written = client.get_capture(args.id, args.output)
+            return client.get_capture(args.id, output)
         except ControlError as err:
             if err.code == grpc.StatusCode.NOT_FOUND:
                 raise ControlError(f"{err}; only captures that reached a profiler are stored (a refused "
                                    "one, or one that found no profiler, is not): `gpuscope captures ls` "
                                    "lists them", code=err.code) from None
             raise
-    print(f"{len(written)} file(s) of capture {args.id} written to {args.output}")
-    for line in viewer_hints(written, args.output):
-        print(line)
-    return EXIT_OK
+
+
+def _explain(args: argparse.Namespace) -> int:
+    """The capture's traces, downloaded into a private temporary directory, diagnosed there."""
+    from gpuscope.cli.explain import explain_path
+
+    with tempfile.TemporaryDirectory(prefix="gpuscope-explain-") as directory:
+        _download(args, Path(directory) / args.id)
+        return explain_path(Path(directory) / args.id, as_json=args.json, shown_as=f"capture {args.id}")
 
 
 # -- formatting -------------------------------------------------------------------------------------------
@@ -345,6 +368,15 @@ def format_record(record: dict[str, Any]) -> str:
     if record.get("error"):
         line += f"  ({' '.join(str(record['error']).split())})"
     return line
+
+
+def _finding(analysis: Any) -> str:
+    """The top finding of a capture's analysis: its kind, "healthy", "skipped" (too large, stopped by
+    its limits), or "-" (no trace, or not analysed yet)."""
+    if not isinstance(analysis, dict):
+        return "-"
+    verdict = analysis.get("verdict")
+    return str(verdict) if verdict else "skipped"
 
 
 def _time(value: Any) -> str:

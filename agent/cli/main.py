@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuscope.cli.report import add_report_command
 
     add_report_command(sub)
+    from gpuscope.cli.explain import add_explain_command
+
+    add_explain_command(sub)
     return parser
 
 
@@ -106,6 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpuscope.cli.report import run_report_command
 
         return run_report_command(args)
+    if args.command == "explain":
+        from gpuscope.cli.explain import run_explain_command
+
+        return run_explain_command(args)
     if args.command == "config":
         return _config_check(args.file)
     if args.command == "scenarios":

@@ -2,7 +2,8 @@
 
 For the length of a trace the helper process runs the steps of its work shape (``work_shape``): the
 busy part of a step is real CPU work (SHA-256 over 64 KiB blocks, which also lets the helper's other
-thread run, as hashlib releases the GIL), the idle part a real sleep. Every span is recorded with the
+thread run, as hashlib releases the GIL), the idle part a real sleep, recorded as a wait for the
+next batch of input. Every span is recorded with the
 wall-clock times it really started and ended, and the trace lists exactly those spans, in the format
 PyTorch's profiler writes (a Chrome trace: ``traceEvents`` of ``ph: "X"`` spans with ``pid``, ``tid``,
 ``ts`` and ``dur`` in microseconds, ``name`` and ``cat``), so the agent's Kineto backend, Perfetto and
@@ -29,6 +30,7 @@ from typing import Any
 from gpuscope.simulate.work_shape import WorkShape
 
 BLOCK = os.urandom(64 * 1024)  # hashed over and over in the busy part of a step
+INPUT_WAIT = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +82,10 @@ class TracedWork:
                     blocks = compute_until(busy_end)
                     inner.append(Span("compute", "cpu_op", started, time.time_ns(),
                                       {"work": "sha256 of 64 KiB blocks", "blocks": blocks}))
-                inner += self._wait(step_end, "wait", {"why": "the simulated GPU is idle"})
+                # The idle part of a simulated step is the job waiting for its next batch, named as
+                # PyTorch's DataLoader annotates it, so `gpuscope explain` reads the story it tells.
+                inner += self._wait(step_end, INPUT_WAIT, {"why": "the simulated GPU is idle: the job "
+                                                                  "waits for its input"})
             else:
                 inner += self._wait(step_end, "not running", {"why": "the scenario has not started this "
                                                                      "process, or has stopped it"})

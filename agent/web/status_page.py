@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuscope.alerts.model import Alert
 from gpuscope.capture.model import CaptureRecord
@@ -250,15 +251,27 @@ def _captures_section(view: StatusView) -> str:
             f'<td><span class="outcome {_e(record.outcome)}">{_e(record.outcome)}</span>{error}</td>'
             f'<td class="nowrap">{_clock(record.start)}</td>'
             f'<td class="num">{_duration(record.duration_s)}</td>'
-            f'<td class="num">{format_size(record.bytes)}</td></tr>')
+            f'<td class="num">{format_size(record.bytes)}</td>'
+            f"<td>{_finding(record.analysis)}</td></tr>")
     note = "" if view.downloads else (
         '<p class="note muted small">Downloads over HTTP need authentication (<code>basic_auth_users</code> '
         "or required client certificates in the web configuration file); "
         "<code>gpuscope captures get ID</code> fetches a capture over the control API.</p>")
     shown = min(len(view.captures), RECENT_CAPTURES)
     title = f"Recent captures (newest {shown} of {len(view.captures)}; {listing})"
-    headings = ("ID", "GPU", "Trigger", "Outcome", "Started", "Length", "Size")
+    headings = ("ID", "GPU", "Trigger", "Outcome", "Started", "Length", "Size", "Finding")
     return _section(title, _table(headings, rows) + note, "captures")
+
+
+def _finding(analysis: dict[str, Any] | None) -> str:
+    """The capture's top finding with its headline as a tooltip; why it was not analysed, muted."""
+    if analysis is None:
+        return _NONE
+    verdict = analysis.get("verdict")
+    if not verdict:
+        return f'<span class="muted" title="{_e(str(analysis.get("skipped") or ""))}">not analysed</span>'
+    headline = _e(str(analysis.get("headline") or verdict))
+    return f'<span class="finding" title="{headline}">{_e(str(verdict))}</span>'
 
 
 def _footer(view: StatusView) -> str:

@@ -1,0 +1,51 @@
+"""What the capture an alert triggered showed, for the alert's own notifications.
+
+The analysis worker reports each analysed capture here; an alert (rule, GPU) then carries the latest
+verdict of a capture it triggered while it was active: Alertmanager gets it as the ``diagnosis`` and
+``capture_id`` annotations, so a person paged for a GPU at 40% reads why as well.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from gpuscope.capture.model import CaptureRecord
+
+_EARLY_SECONDS = 5.0  # a capture may start just before the engine's clock marks the alert active
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureVerdict:
+    capture_id: str
+    start: float  # Unix seconds
+    verdict: str
+    headline: str
+
+
+class CaptureVerdicts:
+    """Thread-safe: the analysis thread writes, the notifier and the event log read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: dict[tuple[str, int], CaptureVerdict] = {}
+
+    def on_analysed(self, record: CaptureRecord) -> None:
+        """An analysis listener: keeps the verdict of a capture an alert triggered."""
+        analysis = record.analysis or {}
+        verdict = analysis.get("verdict")
+        alertname = record.trigger.alertname
+        if record.trigger.kind != "alert" or not alertname or record.gpu is None or not verdict:
+            return
+        headline = str(analysis.get("headline") or verdict)
+        found = CaptureVerdict(record.id, record.start, str(verdict), headline)
+        with self._lock:
+            key = (alertname, record.gpu)
+            if key not in self._latest or self._latest[key].start <= record.start:
+                self._latest[key] = found
+
+    def for_alert(self, alertname: str, gpu: int, active_since: float) -> CaptureVerdict | None:
+        """The verdict of a capture this alert triggered since it became active, or None."""
+        with self._lock:
+            found = self._latest.get((alertname, gpu))
+        return found if found is not None and found.start >= active_since - _EARLY_SECONDS else None

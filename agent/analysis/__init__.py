@@ -1,0 +1,1 @@
+"""Profiler traces read into one event model and diagnosed into findings."""

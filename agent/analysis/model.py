@@ -1,0 +1,161 @@
+"""One small event model for both stored trace formats (Kineto/Chrome JSON and XSpace).
+
+A trace of a few hundred megabytes holds millions of events: they are kept in columns (``array``
+of doubles and ints, about 28 bytes an event) with names interned once, never as one Python object
+per event. Times are microseconds from the trace's first event, durations microseconds.
+
+Kinds of span:
+
+- ``HOST_OP``: a framework operation or annotation on a host thread (PyTorch ``cpu_op`` and
+  ``user_annotation``, a TraceMe event of TensorFlow/JAX); ``track`` is the thread.
+- ``PYTHON``: a Python function (PyTorch ``python_function``, XSpace ``$``-prefixed events).
+- ``RUNTIME``: a CUDA runtime or driver API call on a host thread (``cudaLaunchKernel``,
+  ``cudaStreamSynchronize``, ``cudaMemcpyAsync`` ...).
+- ``KERNEL``, ``MEMCPY``, ``MEMSET``: activity on a device; ``track`` is the stream.
+- ``CPU_COMPUTE``: a compiled computation running on host threads in place of a device (XLA on the
+  CPU): treated as device activity when a trace has no device.
+- ``STEP``: a training step as the framework marks it (``ProfilerStep#N``, a TF/JAX step annotation).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Literal
+
+TraceFormat = Literal["kineto", "xspace"]
+
+
+class Kind(IntEnum):
+    HOST_OP = 0
+    PYTHON = 1
+    RUNTIME = 2
+    KERNEL = 3
+    MEMCPY = 4
+    MEMSET = 5
+    CPU_COMPUTE = 6
+    STEP = 7
+
+
+DEVICE_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One event, as the analysis reads it back from the columns."""
+
+    kind: Kind
+    start: float  # microseconds from the trace's origin
+    dur: float  # microseconds
+    name: str
+    track: str  # thread or stream name
+
+    @property
+    def end(self) -> float:
+        return self.start + self.dur
+
+
+class Spans:
+    """The spans of one kind, in columns; ``sort()`` orders them by start (readers append in any order)."""
+
+    __slots__ = ("dur", "name", "start", "track")
+
+    def __init__(self) -> None:
+        self.start = array("d")
+        self.dur = array("d")
+        self.name = array("I")
+        self.track = array("I")
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def append(self, start: float, dur: float, name: int, track: int) -> None:
+        self.start.append(start)
+        self.dur.append(dur)
+        self.name.append(name)
+        self.track.append(track)
+
+    def sort(self) -> None:
+        order = sorted(range(len(self.start)), key=self.start.__getitem__)
+        if all(order[i] == i for i in range(len(order))):
+            return
+        for column in ("start", "dur", "name", "track"):
+            values = getattr(self, column)
+            setattr(self, column, array(values.typecode, (values[i] for i in order)))
+
+    def shift(self, offset: float) -> None:
+        """Move every start by ``offset`` microseconds (to a new origin)."""
+        for i in range(len(self.start)):
+            self.start[i] += offset
+
+
+@dataclass
+class Trace:
+    """One process's (or one profile's) events, by kind, with what the reader learnt of the source."""
+
+    format: TraceFormat
+    source: str  # the file, as the user named it
+    framework: str = ""  # "pytorch", "jax", "tensorflow", or "" when the trace does not say
+    spans: dict[Kind, Spans] = field(default_factory=lambda: {kind: Spans() for kind in Kind})
+    names: list[str] = field(default_factory=list)
+    tracks: list[str] = field(default_factory=list)
+    step_numbers: array[int] = field(default_factory=lambda: array("q"))  # per STEP span, -1 when unnumbered
+    has_device: bool = False  # a GPU's activity was recorded (kernels, copies), even if none ran
+    has_stacks: bool = False  # Python function events are present
+    events_read: int = 0
+    _name_ids: dict[str, int] = field(default_factory=dict, repr=False)
+    _track_ids: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def name_id(self, name: str) -> int:
+        found = self._name_ids.get(name)
+        if found is None:
+            found = self._name_ids[name] = len(self.names)
+            self.names.append(name)
+        return found
+
+    def track_id(self, track: str) -> int:
+        found = self._track_ids.get(track)
+        if found is None:
+            found = self._track_ids[track] = len(self.tracks)
+            self.tracks.append(track)
+        return found
+
+    def add(self, kind: Kind, start: float, dur: float, name: str, track: str) -> None:
+        """One event; a negative duration (a clock glitch) counts as 0."""
+        self.spans[kind].append(start, max(dur, 0.0), self.name_id(name), self.track_id(track))
+        self.events_read += 1
+
+    def add_step(self, start: float, dur: float, name: str, track: str, number: int = -1) -> None:
+        self.add(Kind.STEP, start, dur, name, track)
+        self.step_numbers.append(number)
+
+    def finish(self) -> None:
+        """Sort every kind by start and move the origin to the first event. Readers call it last."""
+        steps = self.spans[Kind.STEP]
+        if len(steps):
+            order = sorted(range(len(steps)), key=steps.start.__getitem__)
+            self.step_numbers = array("q", (self.step_numbers[i] for i in order))
+        for spans in self.spans.values():
+            spans.sort()
+        origin = min((s.start[0] for s in self.spans.values() if len(s)), default=0.0)
+        if origin:
+            for spans in self.spans.values():
+                spans.shift(-origin)
+        self.has_stacks = self.has_stacks or bool(len(self.spans[Kind.PYTHON]))
+
+    def count(self, kind: Kind) -> int:
+        return len(self.spans[kind])
+
+    def iter(self, kind: Kind) -> Iterator[Span]:
+        spans = self.spans[kind]
+        names, tracks = self.names, self.tracks
+        for i in range(len(spans)):
+            yield Span(kind, spans.start[i], spans.dur[i], names[spans.name[i]], tracks[spans.track[i]])
+
+    @property
+    def end(self) -> float:
+        """The end of the last event, microseconds from the origin."""
+        return max((max(s + d for s, d in zip(spans.start, spans.dur, strict=True))
+                    for spans in self.spans.values() if len(spans)), default=0.0)

@@ -1,0 +1,65 @@
+"""The names by which frameworks' traces show input loading, host-device synchronisation and
+collective communication, and the remedies their own guides give."""
+
+from __future__ import annotations
+
+import re
+
+# Host spans during which a step waits for its input.
+INPUT_OP = re.compile(
+    r"DataLoader.*__next__"  # PyTorch: enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__
+    r"|Iterator::GetNext|IteratorGetNext|MultiDeviceIteratorGetNext"  # tf.data
+    r"|Infeed|TransferToInfeed",  # TPU/XLA infeed
+)
+# Python frames of the same: a generator or iterator advanced by ``next`` (a Python loop that feeds
+# jitted calls), PyTorch's DataLoader.
+INPUT_PYTHON = re.compile(r"^builtins next$|dataloader\.py\(\d+\): __next__|\b__next__$")
+
+# Host operations that wait for the device: reading a value back (``.item()``, ``print``), or an
+# operation whose output size depends on the data (``nonzero``, ``unique``, boolean masks).
+SYNC_OPS = frozenset({
+    "aten::_local_scalar_dense", "aten::nonzero", "aten::nonzero_static", "aten::unique", "aten::_unique",
+    "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive", "aten::masked_select",
+    "aten::repeat_interleave", "aten::equal", "aten::is_nonzero",
+})
+# CUDA API calls that block the host until the device (or a stream, or an event) is done.
+SYNC_RUNTIME = re.compile(
+    r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaMemcpy|cudaMemcpy2D"
+    r"|cuStreamSynchronize|cuCtxSynchronize|cuEventSynchronize|cuMemcpyDtoH(_v2)?"
+    r"|hipStreamSynchronize|hipDeviceSynchronize|hipMemcpy)$")
+LAUNCH_RUNTIME = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel|cudaLaunchKernelExC|cuLaunchKernelEx"
+                            r"|cudaGraphLaunch|hipLaunchKernel|hipExtModuleLaunchKernel)")
+# The framework's own host work around each compiled call: JAX's dispatch and the wait for its
+# result, TensorFlow's function calls. Device idle time under them is dispatch overhead (launch-bound),
+# not work between steps.
+DISPATCH_OP = re.compile(r"^(PjitFunction\(|PmapFunction\(|ExecuteShardedOnLocalDevices|PjRt|"
+                         r"CommonPjRtBuffer::|ThunkExecutor|TfrtCpuExecutable|__inference_|EagerExecute|"
+                         r"EagerKernelExecute|FunctionRun)")
+COLLECTIVE_KERNEL = re.compile(r"nccl|rccl|all-?reduce|all-?gather|reduce-?scatter|all-?to-?all",
+                               re.IGNORECASE)
+# Library frames: a Python call site names the first frame outside these.
+LIBRARY_FRAME = re.compile(r"(^|/)(torch|jax|jaxlib|tensorflow|keras|numpy|flax|optax|threading|"
+                           r"contextlib|importlib|site-packages|dist-packages|lib/python3)[/.(]|^builtins |"
+                           r"^<built-in|^\$?<unknown>")
+
+REMEDIES = {
+    "input_bound": (
+        "Load and preprocess input in parallel with the step: DataLoader(num_workers>0, pin_memory=True, "
+        "persistent_workers=True, prefetch_factor); tf.data .prefetch(tf.data.AUTOTUNE), parallel "
+        "map/interleave, .cache(); in JAX, prefetch batches to the device from a background thread."),
+    "host_sync": (
+        "Keep values on the device inside the step: log .item() every N steps, not every step; avoid "
+        "torch.nonzero/unique and boolean-mask indexing in the loop (use torch.where or fixed-size "
+        "masks); remove torch.cuda.synchronize() and .cpu() calls from the step."),
+    "launch_bound": (
+        "Launch fewer, larger kernels: a larger batch, torch.compile or CUDA graphs "
+        "(torch.cuda.graphs, mode=\"reduce-overhead\"), fused optimizers (foreach=True or fused=True), "
+        "jax.jit over the whole step."),
+    "communication_wait": (
+        "Overlap communication with computation: DDP bucket_cap_mb and gradient accumulation "
+        "(no_sync), FSDP prefetching, fewer and larger collectives; check the interconnect "
+        "(NCCL_DEBUG=INFO) and stragglers on other ranks."),
+    "idle_between_steps": (
+        "Find the host work between device activity (logging, metrics, checkpointing, Python "
+        "preprocessing on the main thread) and move it off the step or do it every N steps."),
+}
