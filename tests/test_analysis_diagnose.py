@@ -358,3 +358,36 @@ def test_jax_dispatch_around_each_step_on_the_cpu_is_launch_overhead(tmp_path: P
     assert "while the framework dispatches it (0.80 ms per step)" in found.summary
     assert found.evidence[0].name == "PjitFunction(train_step)"
     assert diagnosis.breakdown["dispatch"] == pytest.approx(0.16, abs=0.01)
+
+
+def test_item_of_a_cpu_tensor_and_a_sync_on_an_idle_device_are_not_host_syncs(tmp_path: Path) -> None:
+    """On a GPU trace, ``.item()`` that calls no CUDA runtime read a CPU tensor; a synchronisation that
+    began while the device was already idle did not cause the gap it ended in."""
+    def build(t: KinetoTrace, start: float, n: int) -> None:
+        end = kernels(t, start, 6_000.0, each=600.0, gap=0.0)
+        for k in range(20):  # metrics on CPU tensors, in the idle tail
+            t.host("cpu_op", "aten::_local_scalar_dense", end + 100.0 + k * 10, 2.0)
+        t.host("cuda_runtime", "cudaStreamSynchronize", end + 500.0, 10.0)  # the device was idle already
+        t.host("cpu_op", "aten::_save_checkpoint", end + 600.0, 3_000.0)
+
+    diagnosis = run(tmp_path, build)
+    assert "host_sync" not in {f.kind for f in diagnosis.findings}
+    assert diagnosis.breakdown["host_sync"] == 0
+    assert diagnosis.verdict == "idle_between_steps"
+
+
+def test_a_step_cut_by_the_end_of_the_recording_is_left_out(tmp_path: Path) -> None:
+    trace = steps(lambda t, start, n: kernels(t, start, STEP_US - 10.0))
+    trace.host("user_annotation", f"ProfilerStep#{STEPS}", 1_000_000.0 + STEPS * STEP_US, 49.0)
+    diagnosis = diagnose(trace.write(tmp_path / "t.json"))
+    assert (diagnosis.steps, diagnosis.mean_step_ms) == (STEPS, pytest.approx(STEP_US / 1e3))
+
+
+def test_a_capture_of_start_up_says_so(tmp_path: Path) -> None:
+    trace = KinetoTrace()
+    trace.host("user_annotation", "[param|benchmark]", 0.0, 40e6)
+    trace.host("cuda_runtime", "cudaDeviceGetStreamPriorityRange", 1e6, 29e6)
+    trace.kernel("first_conv", 30e6, 1e3)
+    diagnosis = diagnose(trace.write(tmp_path / "t.json"))
+    assert any(limit.startswith("The device's first activity comes 30.0 s into the trace: it recorded "
+                                "start-up") for limit in diagnosis.limits)

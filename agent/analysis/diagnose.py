@@ -105,6 +105,7 @@ class _Analysis:
         self.n = len(steps.steps)
         self.limits: list[str] = []
         self.breakdown: dict[str, float] = {}
+        self._busy_set = IntervalSet.empty()
 
     # ---------------------------------------------------------------- the whole
 
@@ -118,6 +119,7 @@ class _Analysis:
             self.limits.append("The trace holds no step time to analyse.")
         if self.steps.method == "whole":
             self.limits.append("No repeating step found: the whole trace is analysed as one step.")
+            self._note_start_up()
         elif self.steps.method != "markers":
             self.limits.append(f"Steps inferred from {self.steps.marker!r} ({self.steps.method}): the "
                                "framework marked none.")
@@ -133,6 +135,18 @@ class _Analysis:
             breakdown={k: round(v, 4) for k, v in self.breakdown.items()}, findings=tuple(findings),
             limits=tuple(self.limits))
 
+    def _note_start_up(self) -> None:
+        """A trace whose device starts working late in it recorded start-up (CUDA context creation,
+        compilation, warm-up), not training steps: say so, as its idle time says nothing of the job."""
+        busy = self._busy()
+        if busy is None or not len(busy) or self.time <= 0:
+            return
+        first = busy.starts[0] - self.window[0]
+        if first > 0.25 * self.time:
+            self.limits.append(f"The device's first activity comes {first / 1e6:.1f} s into the trace: it "
+                               "recorded start-up (CUDA context creation, compilation, warm-up) rather "
+                               "than training steps; capture again once the job runs its steps.")
+
     def _busy(self) -> IntervalSet | None:
         """The device's busy time: its kernels and copies, or XLA's computations on a CPU run."""
         if self.trace.has_device:
@@ -144,6 +158,7 @@ class _Analysis:
     # ---------------------------------------------------------------- with a device
 
     def _on_device(self, busy: IntervalSet) -> list[Finding]:
+        self._busy_set = busy
         a, b = self.window
         idle = IntervalSet.merge([(a, b)]).difference(busy)
         input_spans = self._matching(INPUT_OP, INPUT_PYTHON)
@@ -152,7 +167,7 @@ class _Analysis:
         if not len(input_spans) and not self.trace.has_stacks:
             input_idle, inferred = self._untraced_step_heads(busy, idle), True
         sync_events = self._sync_events()
-        behind = IntervalSet.merge(g for g in (busy.gap_around(end) for _, end, _, _ in sync_events) if g)
+        behind = IntervalSet.merge(self._gaps_behind(busy, sync_events))
         sync_idle = behind.intersection(idle).difference(input_idle)
         short_gaps = IntervalSet.merge(
             (s, e) for step in self.steps.steps for s, e in busy.gaps(step.start, step.end)
@@ -256,8 +271,9 @@ class _Analysis:
             counts.setdefault(name, []).append((start, end, track))
         evidence = []
         for name, spans in sorted(counts.items(), key=lambda kv: -len(kv[1]))[:MAX_EVIDENCE]:
-            if len(behind):
-                time = sum(behind.covered(*_gap_after(behind, end)) for _, end, _ in spans)
+            if len(behind):  # each gap once, however many synchronisations of this name ended in it
+                gaps = set(self._gaps_behind(self._busy_set, [(a, b, name, t) for a, b, t in spans]))
+                time = sum(behind.covered(*gap) for gap in gaps)
             else:
                 time = sum(e - s for s, e, _ in spans)
             evidence.append(Evidence(name, len(spans), round(time / 1e3, 3), self._site_of(name, spans)))
@@ -310,12 +326,16 @@ class _Analysis:
             return None
         # What the host was doing meanwhile: its outermost operations and Python frames by overlap.
         overlap: dict[str, list[float]] = {}
+        # A span longer than any step wraps the loop (``<module>``, a benchmark's outer annotation):
+        # what ran inside it is the evidence, not the wrapper.
+        longest = max(step.duration for step in self.steps.steps)
         for kind in (Kind.HOST_OP, Kind.PYTHON):
             spans = self.trace.spans[kind]
             open_until: dict[int, float] = {}
             for i in range(len(spans)):
                 start, end = spans.start[i], spans.start[i] + spans.dur[i]
-                if start < open_until.get(spans.track[i], float("-inf")):
+                if start < open_until.get(spans.track[i], float("-inf")) or (
+                        spans.dur[i] > longest and self.n > 1) or spans.dur[i] >= 0.9 * self.time:
                     continue
                 open_until[spans.track[i]] = end
                 covered = idle.covered(start, end)
@@ -373,13 +393,29 @@ class _Analysis:
         a, b = self.window
         return [i for i in range(len(spans)) if a <= spans.start[i] < b]
 
+    def _gaps_behind(self, busy: IntervalSet,
+                     events: list[tuple[float, float, str, int]]) -> list[tuple[float, float]]:
+        """The device gaps the synchronisations caused: a gap that began while the host waited in one
+        (the device drained during it) and lasted until the host launched again. A gap that began
+        before (the device was already idle) is not the synchronisation's doing."""
+        gaps = []
+        for start, end, _, _ in events:
+            gap = busy.gap_around(end)
+            if gap is not None and gap[0] >= start:
+                gaps.append(gap)
+        return gaps
+
     def _sync_events(self) -> list[tuple[float, float, str, int]]:
-        """(start, end, name) of each synchronisation in the steps: the operations that wait for the
-        device, and the CUDA calls that do outside them (torch.cuda.synchronize())."""
+        """(start, end, name, track) of each synchronisation in the steps: the operations that wait for
+        the device, and the CUDA calls that do outside them (torch.cuda.synchronize()). With device
+        activity in the trace, an operation counts only when it called the CUDA runtime (a copy or a
+        synchronisation): ``.item()`` of a tensor on the CPU does not wait for the device."""
         names = self.trace.names
         ops, runtime = self.trace.spans[Kind.HOST_OP], self.trace.spans[Kind.RUNTIME]
         events = [(ops.start[i], ops.start[i] + ops.dur[i], names[ops.name[i]], ops.track[i])
                   for i in self._in_steps(Kind.HOST_OP) if names[ops.name[i]] in SYNC_OPS]
+        if self.trace.has_device:
+            events = [e for e in events if self._calls_runtime(*e)]
         inside = IntervalSet.merge((s, e) for s, e, _, _ in events)
         for i in self._in_steps(Kind.RUNTIME):
             name = names[runtime.name[i]]
@@ -387,6 +423,15 @@ class _Analysis:
             if SYNC_RUNTIME.match(name) and inside.covered(start, end) < 0.5 * (end - start):
                 events.append((start, end, name, runtime.track[i]))
         return events
+
+    def _calls_runtime(self, start: float, end: float, _: str, track: int) -> bool:
+        runtime = self.trace.spans[Kind.RUNTIME]
+        i = bisect_right(runtime.start, start)
+        while i < len(runtime) and runtime.start[i] < end:
+            if runtime.track[i] == track:
+                return True
+            i += 1
+        return False
 
     def _evidence(self, indices: Iterable[Any], weight: IntervalSet | None, *, kind: Kind | None = None,
                   by_count: bool = False) -> tuple[Evidence, ...]:
@@ -447,14 +492,6 @@ class _Analysis:
             if frame != name and not LIBRARY_FRAME.search(frame):
                 return f"calls {frame}"
         return ""
-
-
-def _gap_after(gaps: IntervalSet, t: float) -> tuple[float, float]:
-    """The interval of ``gaps`` that holds or follows ``t`` (for the idle time behind a sync)."""
-    i = bisect_right(gaps.ends, t)
-    if i < len(gaps.starts):
-        return gaps.starts[i], gaps.ends[i]
-    return t, t
 
 
 def _severity(share: float) -> Severity | None:

@@ -60,6 +60,8 @@ REMEDIES = {
         "(no_sync), FSDP prefetching, fewer and larger collectives; check the interconnect "
         "(NCCL_DEBUG=INFO) and stragglers on other ranks."),
     "idle_between_steps": (
-        "Find the host work between device activity (logging, metrics, checkpointing, Python "
-        "preprocessing on the main thread) and move it off the step or do it every N steps."),
+        "The evidence names what the host ran while the device idled: move that work off the step's "
+        "critical path (logging, metrics and checkpointing every N steps or on another thread; "
+        "preprocessing or data redistribution overlapped with the previous step), or, when the host "
+        "was waiting too, look at the other streams and ranks the step depends on."),
 }

@@ -11,11 +11,13 @@ In order of trust:
    itself) and takes the most time, e.g. JAX's ``PjitFunction(train_step)``: a step starts at each.
 4. ``whole``: the trace as one step, when nothing repeats.
 
-Only whole steps count: the partial ones at the edges of a capture would skew every share.
+Only whole steps count: a step at either edge shorter than half the median was cut by the start or the
+end of the recording, and would skew every share.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -48,8 +50,24 @@ class Steps:
 
 
 def find_steps(trace: Trace) -> Steps:
-    return (_from_markers(trace) or _from_optimizer(trace) or _periodic(trace)
-            or Steps((Step(0.0, trace.end, 0),), "whole"))
+    found = _from_markers(trace) or _from_optimizer(trace) or _periodic(trace)
+    if found is None:
+        return Steps((Step(0.0, trace.end, 0),), "whole")
+    return Steps(_whole_only(found.steps), found.method, found.marker)
+
+
+def _whole_only(steps: tuple[Step, ...]) -> tuple[Step, ...]:
+    """Without the steps at either edge that are shorter than half the median: cut by the start or the
+    end of the recording (a last ``ProfilerStep`` of a few microseconds, when the profiler stopped)."""
+    if len(steps) < 2:
+        return steps
+    floor = statistics.median(step.duration for step in steps) / 2
+    first, last = 0, len(steps)
+    while last - first > 1 and steps[first].duration < floor:
+        first += 1
+    while last - first > 1 and steps[last - 1].duration < floor:
+        last -= 1
+    return steps[first:last]
 
 
 def _from_markers(trace: Trace) -> Steps | None:
