@@ -21,6 +21,7 @@ from gpuscope.capture.config import CaptureConfig
 from gpuscope.common.config_types import (
     ConfigError,
     Duration,
+    FilePath,
     ListenAddress,
     Section,
     UnixSocketPath,
@@ -43,7 +44,7 @@ class WebConfig(Section):
     listen_address: ListenAddress = Field(":9847", description="HTTP address: host:port, :port or [v6]:port.")
     max_requests: int = Field(64, ge=1, le=10_000, description=(
         "HTTP requests handled at once; one more is answered 503 at once (bounds the agent's threads)."))
-    config_file: Path | None = Field(None, description=(
+    config_file: FilePath | None = Field(None, description=(
         "Web configuration file (exporter-toolkit's format): TLS, basic auth, headers, rate limit."))
 
 

@@ -9,9 +9,13 @@ healthy.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from gpuscope.health import SourceHealth
 
@@ -24,6 +28,7 @@ def start_thread(name: str, target: Callable[[], object], *, health: SourceHealt
     the health source (``nvml``, ``pods``, ...) the thread's death fails."""
 
     def run() -> None:
+        name_os_thread(name)
         try:
             target()
         except BaseException:
@@ -34,3 +39,19 @@ def start_thread(name: str, target: Callable[[], object], *, health: SourceHealt
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread
+
+
+def name_os_thread(name: str) -> None:
+    """Give the calling thread ``name`` in the kernel too (``top -H``, ``ps -L``, /proc/PID/task/TID/comm
+    show it): "gpuscope-sampler" becomes "gs-sampler", within the kernel's 15 bytes."""
+    short = name.replace("gpuscope-", "gs-").encode("ascii", "replace")[:15]
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the Python name stays the only one
+        _prctl()(_PR_SET_NAME, ctypes.c_char_p(short), 0, 0, 0)
+
+
+_PR_SET_NAME = 15
+
+
+@functools.cache
+def _prctl() -> Any:
+    return ctypes.CDLL(None, use_errno=True).prctl

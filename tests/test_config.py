@@ -1,3 +1,4 @@
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -140,3 +141,16 @@ def test_every_duration_and_size_is_range_checked() -> None:
         with pytest.raises(ConfigError) as caught:
             load_settings(overrides=_nested(key, huge))
         assert any(p.startswith(f"{key}: ") for p in caught.value.problems), (key, caught.value.problems)
+
+
+@pytest.mark.parametrize(("yaml_text", "key"), [
+    ("web:\n  config_file: ''\n", "web.config_file"),
+    ("capture:\n  store:\n    root: '  '\n", "capture.store.root"),
+    ("control:\n  tcp:\n    token_file: ''\n", "control.tcp.token_file"),
+])
+def test_an_empty_path_is_refused_not_read_as_the_working_directory(tmp_path: Path, yaml_text: str,
+                                                                    key: str) -> None:
+    config = tmp_path / "gpuscope.yml"
+    config.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: must not be empty"):
+        load_settings(config)

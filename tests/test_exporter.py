@@ -657,6 +657,11 @@ class FakeCaptureStats:
         return self.budget
 
 
+class FakeFindings:
+    def finding_counts(self) -> dict[str, int]:
+        return {"input_bound": 2, "healthy": 1}
+
+
 def _capture_stats() -> FakeCaptureStats:
     return FakeCaptureStats(
         counts={("alert", "captured"): 3, ("alert", "refused"): 5, ("user", "unreachable"): 1},
@@ -667,9 +672,9 @@ def test_capture_collector_renders_exactly_the_catalogue() -> None:
     documented = set(parse_catalogue(catalogue_section(CATALOGUE.read_text(), "Captures")))
     assert {row.name for row in documented} == {
         "gpuscope_captures_total", "gpuscope_capture_store_bytes", "gpuscope_capture_last_timestamp_seconds",
-        "gpuscope_capture_budget_remaining"}
+        "gpuscope_capture_budget_remaining", "gpuscope_capture_findings_total"}
     emitted = set()
-    for family in CaptureCollector(_capture_stats()).collect():
+    for family in CaptureCollector(_capture_stats(), FakeFindings()).collect():
         label_sets = {frozenset(s.labels) for s in family.samples}
         assert len(label_sets) == 1, f"{family.name}: samples with different label names"
         emitted.add(CatalogueRow(_exposed_name(family), family.type, family.unit, label_sets.pop(),

@@ -7,6 +7,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -59,3 +60,17 @@ def test_ready_names_a_dead_thread() -> None:
         assert b"the gpuscope-alertmanager thread(s) died" in caught.value.read()
     finally:
         server.stop()
+
+
+def test_threads_are_named_in_the_kernel_too() -> None:
+    """``top -H`` and /proc/PID/task/TID/comm show which of the agent's threads uses the CPU."""
+    seen: list[str] = []
+    done = threading.Event()
+
+    def body() -> None:
+        seen.append(Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip())
+        done.set()
+
+    start_thread("gpuscope-alertmanager", body).join(5)
+    assert done.is_set()
+    assert seen == ["gs-alertmanage"]  # the kernel keeps 15 bytes

@@ -40,7 +40,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, model_validator
 
 from gpuscope.alerts.rules import CAPTURES_BY_DEFAULT, RULE_TYPES
-from gpuscope.common.config_types import ByteSize, Duration, PeerAddress, Section
+from gpuscope.common.config_types import ByteSize, Duration, FilePath, PeerAddress, Section
 from gpuscope.common.durations import format_duration
 from gpuscope.common.unixfs import MAX_UNIX_SOCKET_PATH_BYTES
 from gpuscope.common.user_paths import default_dirs
@@ -122,7 +122,7 @@ def _known_rules(rules: dict[str, bool]) -> dict[str, bool]:
 
 
 class StoreConfig(Section):
-    root: Path = Field(default_factory=default_store_root,
+    root: FilePath = Field(default_factory=default_store_root,
                        description="Directory of the capture store (one sub-directory per capture). "
                                    "Default: /var/lib/gpuscope/captures for root, else "
                                    "$XDG_STATE_HOME/gpuscope/captures (~/.local/state/gpuscope/captures).")
@@ -189,7 +189,7 @@ class WebhookConfig(Section):
     enabled, and then answers only requests with its credentials."""
 
     enabled: bool = Field(False, description="Accept capture triggers from Alertmanager's webhook.")
-    token_file: Path | None = Field(None, description="File holding the bearer token Alertmanager sends "
+    token_file: FilePath | None = Field(None, description="File holding the bearer token Alertmanager sends "
                                                       "(Authorization: Bearer <token>, 16+ characters).")
     users: list[Annotated[str, Field(min_length=1)]] = Field(
         default_factory=list, max_length=64,

@@ -73,6 +73,15 @@ def _unix_socket_path(path: Path) -> Path:
     return path
 
 
+def _path_named(value: Any) -> Any:
+    """Before a path is coerced: an empty string would become ".", the working directory."""
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("must not be empty (an empty path names the working directory)")
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError("a path must not contain a NUL character")
+    return value
+
+
 def _listen_address(value: str) -> str:
     parse_host_port(value, listen=True)
     return value.strip()
@@ -88,7 +97,9 @@ Duration = Annotated[float, BeforeValidator(parse_duration), AfterValidator(_dur
 # Bytes, written as a number or a size string ("512MiB", "2GB"); at most 1 PiB.
 ByteSize = Annotated[int, BeforeValidator(parse_size), AfterValidator(_size_in_range)]
 # An absolute path that fits a Unix socket address.
-UnixSocketPath = Annotated[Path, AfterValidator(_unix_socket_path)]
+UnixSocketPath = Annotated[Path, BeforeValidator(_path_named), AfterValidator(_unix_socket_path)]
+# A file or directory path, never empty.
+FilePath = Annotated[Path, BeforeValidator(_path_named)]
 # Where a server listens: "host:port", "[v6]:port" or ":port" (every interface); port 0: any free one.
 ListenAddress = Annotated[str, AfterValidator(_listen_address)]
 # A peer to connect to: "host:port" or "[v6]:port".

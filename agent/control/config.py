@@ -26,7 +26,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from gpuscope.common.config_types import ListenAddress, Section, UnixSocketPath
+from gpuscope.common.config_types import FilePath, ListenAddress, Section, UnixSocketPath
 from gpuscope.common.user_paths import SYSTEM_RUNTIME_DIR, DefaultDirs, default_dirs
 
 SOCKET_NAME = "control.sock"
@@ -70,11 +70,11 @@ class TcpConfig(Section):
 
     listen_address: ListenAddress | None = Field(
         None, description="host:port, [v6]:port or :port (every interface). Unset: no TCP listener.")
-    tls_cert_file: Path | None = Field(None, description="Server certificate chain (PEM).")
-    tls_key_file: Path | None = Field(None, description="Private key of the certificate (PEM).")
-    client_ca_file: Path | None = Field(None, description="CA bundle (PEM) that client certificates must "
+    tls_cert_file: FilePath | None = Field(None, description="Server certificate chain (PEM).")
+    tls_key_file: FilePath | None = Field(None, description="Private key of the certificate (PEM).")
+    client_ca_file: FilePath | None = Field(None, description="CA bundle (PEM) that client certificates must "
                                                           "chain to; set it to require mutual TLS.")
-    token_file: Path | None = Field(None, description="File holding the bearer token clients must send "
+    token_file: FilePath | None = Field(None, description="File holding the bearer token clients must send "
                                                       "(Authorization: Bearer <token>).")
 
     @model_validator(mode="after")
