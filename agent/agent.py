@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
@@ -23,7 +24,7 @@ from gpuscope.capture.webhook import WebhookReceiver, this_node_hosts
 from gpuscope.common.config_types import ConfigError
 from gpuscope.config import Settings
 from gpuscope.control.errors import ControlError, ControlServerError
-from gpuscope.control.server import ControlServer
+from gpuscope.control.on_demand import OnDemandControlServer
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.exporters.health import SourceHealthCollector
@@ -37,6 +38,9 @@ from gpuscope.web.server import AgentHttpServer
 from gpuscope.web.utilization_history import UtilizationHistory
 from gpuscope.web.web_config import WebConfigWatcher
 from gpuscope.web.webhook_auth import WebhookAuth
+
+if TYPE_CHECKING:
+    from gpuscope.control.server import ControlServer
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,16 @@ class Agent:
         kineto = kineto.model_copy(update={name: private / ("ipc" if name == "socket_dir" else "traces")
                                            for name in unset})
         return settings.capture.model_copy(update={"kineto": kineto})
+
+    def _control_server(self) -> ControlServer:
+        from gpuscope.control import server  # gRPC: loaded with the control API's first client
+
+        return server.ControlServer(
+            self.settings.control,
+            service=self.captures.service if self.captures is not None else None,
+            store=self.captures.store if self.captures is not None else None,
+            snapshots=self.sampler, alerts=self.alerts, hostname=self.hostname,
+            simulated=self.simulation.scenario.name if self.simulation is not None else None)
 
     def _build(self, settings: Settings) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -128,14 +142,12 @@ class Agent:
                 webhook_auth = build_webhook_auth(settings, self.web_config)
                 self.webhook = WebhookReceiver(self.captures.service.submit,
                                                hosts=this_node_hosts(settings.node_name), port=None)
-        self.control: ControlServer | None = None
+        self.control: ControlServer | OnDemandControlServer | None = None
         if settings.control.enabled:
-            self.control = ControlServer(
-                settings.control,
-                service=self.captures.service if self.captures is not None else None,
-                store=self.captures.store if self.captures is not None else None,
-                snapshots=self.sampler, alerts=self.alerts, hostname=self.hostname,
-                simulated=self.simulation.scenario.name if self.simulation is not None else None)
+            # gRPC is loaded when the control API gets its first client, unless remote clients
+            # (control.tcp) expect it listening from the start.
+            self.control = (self._control_server() if settings.control.tcp.enabled
+                            else OnDemandControlServer(settings.control, self._control_server))
         self.utilization_history = UtilizationHistory()  # the status page's sparklines
         self.sampler.add_listener(self.utilization_history.observe)
         self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler,

@@ -71,6 +71,6 @@ def test_threads_are_named_in_the_kernel_too() -> None:
         seen.append(Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip())
         done.set()
 
-    start_thread("gpuscope-alertmanager", body).join(5)
+    start_thread("gpuscope-analysis-worker", body).join(5)
     assert done.is_set()
-    assert seen == ["gs-alertmanage"]  # the kernel keeps 15 bytes
+    assert seen == ["gs-analysis-wor"]  # the kernel keeps 15 bytes

@@ -71,6 +71,7 @@ class AnalysisWorker:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = dict.fromkeys(FINDING_NAMES, 0)
         self._thread: threading.Thread | None = None
+        self._running = False
 
     def add_listener(self, callback: Callable[[CaptureRecord], None]) -> None:
         self._listeners.append(callback)
@@ -89,11 +90,24 @@ class AnalysisWorker:
             self._queue.put_nowait(record)
         except queue.Full:
             self._annotate(record, {"verdict": None, "skipped": "too many captures waiting for analysis"})
+            return
+        self._ensure_worker()
 
     def start(self) -> None:
-        self._thread = start_thread("gpuscope-analysis", self._run)
+        """From now on captures are analysed; the thread starts with the first one."""
+        with self._lock:
+            self._running = True
+        if not self._queue.empty():
+            self._ensure_worker()
+
+    def _ensure_worker(self) -> None:
+        with self._lock:
+            if self._running and self._thread is None:
+                self._thread = start_thread("gpuscope-analysis", self._run)
 
     def stop(self, timeout: float = 1.0) -> None:
+        with self._lock:
+            self._running = False
         while True:
             try:
                 self._queue.get_nowait()

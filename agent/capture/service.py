@@ -82,6 +82,7 @@ class CaptureService:
         self._lock = threading.Lock()
         self._counts: dict[tuple[TriggerKind, Outcome], int] = {}
         self._thread: threading.Thread | None = None
+        self._running = False
         self._stored_listeners: list[Callable[[CaptureRecord], None]] = []
 
     def add_stored_listener(self, callback: Callable[[CaptureRecord], None]) -> None:
@@ -105,17 +106,32 @@ class CaptureService:
         except queue.Full:
             record = self._refused(request, "too many captures queued; this trigger was dropped")
             future.set_result(record)
+            return future
+        self._ensure_worker()
         return future
 
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        """From now on captures are taken; the worker thread starts with the first one (a node that
+        never takes a capture has no thread waiting for one)."""
         if self._health is not None:
             self._health.record("captures", success=True, duration_seconds=None)
-        self._thread = start_thread("gpuscope-capture", self._run, health=self._health, source="captures")
+        with self._lock:
+            self._running = True
+        if not self._queue.empty():
+            self._ensure_worker()
+
+    def _ensure_worker(self) -> None:
+        with self._lock:
+            if self._running and self._thread is None:
+                self._thread = start_thread("gpuscope-capture", self._run, health=self._health,
+                                            source="captures")
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop after the capture in progress (if any); queued triggers are dropped."""
+        with self._lock:
+            self._running = False
         while True:
             try:
                 item = self._queue.get_nowait()

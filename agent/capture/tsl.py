@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import re
 import time
-
-import grpc
+from typing import TYPE_CHECKING
 
 from gpuscope.capture.config import DEFAULT_MAX_TRACE_BYTES
 from gpuscope.capture.model import (
@@ -31,9 +30,19 @@ from gpuscope.capture.model import (
     request_problem,
 )
 from gpuscope.common.addresses import AddressError, HostPort, parse_host_port
+from gpuscope.common.lazy_import import lazy_module
 from gpuscope.common.sizes import format_size
 from gpuscope.common.unixfs import safe_file_name
-from gpuscope.generated.tsl import profiler_options_pb2, profiler_service_pb2, views_pb2
+
+if TYPE_CHECKING:
+    import grpc
+
+    from gpuscope.generated.tsl import profiler_options_pb2, profiler_service_pb2, views_pb2
+else:  # imported at the first capture: an agent that never takes one never loads gRPC
+    grpc = lazy_module("grpc")
+    profiler_options_pb2 = lazy_module("gpuscope.generated.tsl.profiler_options_pb2")
+    profiler_service_pb2 = lazy_module("gpuscope.generated.tsl.profiler_service_pb2")
+    views_pb2 = lazy_module("gpuscope.generated.tsl.views_pb2")
 
 PROFILE_METHOD = "/tensorflow.ProfilerService/Profile"
 RESPONSE_OVERHEAD_BYTES = 1 << 20  # a response's fields besides the trace (tool names, errors)
@@ -43,8 +52,8 @@ PROFILE_DIR = ("plugins", "profile")  # under a TensorBoard logdir
 # Where a server that ignores emit_xspace (an old TensorFlow) writes the trace on its own filesystem.
 DEFAULT_REPOSITORY_ROOT = "/tmp/gpuscope/plugins/profile"
 _BUSY_MESSAGES = ("another profiling session", "session active", "already profiling")
-_BUSY_CODES = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS)
-_UNREACHABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_BUSY_CODES = ("FAILED_PRECONDITION", "ALREADY_EXISTS")  # grpc.StatusCode names
+_UNREACHABLE_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 # gRPC's other name resolvers: a target like "unix:/path", "dns:///host:port" or "ipv4:1.2.3.4:5".
 # ("dns:6009" stays the host "dns", port 6009.)
 _GRPC_SCHEME = re.compile(r"(?:unix|unix-abstract|vsock|dns|ipv4|ipv6|xds):(?!\d+$)|[a-z][a-z0-9+.-]*://",
@@ -187,12 +196,12 @@ def _details(err: grpc.RpcError) -> str:
 def _rpc_error(err: grpc.RpcError, deadline_s: float, elapsed_s: float) -> BackendResult:
     code = _code(err)
     details = _details(err)
-    if any(text in details.lower() for text in _BUSY_MESSAGES) or code in _BUSY_CODES:
+    if any(text in details.lower() for text in _BUSY_MESSAGES) or code.name in _BUSY_CODES:
         return BackendResult("busy", error=clip_error(details))
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return BackendResult("unreachable", error=f"no answer within the deadline ({deadline_s:g} s, "
                                                   f"waited {elapsed_s:.1f} s)")
-    if code in _UNREACHABLE_CODES:
+    if code.name in _UNREACHABLE_CODES:
         return BackendResult("unreachable", error=clip_error(details))
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return BackendResult("failed", error=clip_error(f"not a TSL profiler server: {details}"))

@@ -23,17 +23,15 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
-
-import grpc
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.capture.config import MAX_DURATION_SECONDS
 from gpuscope.capture.records import CaptureIdError, check_capture_id
 from gpuscope.cli.progress import progress_line
 from gpuscope.cli.trace_viewers import viewer_hints
 from gpuscope.common.durations import format_duration, parse_duration
+from gpuscope.common.lazy_import import lazy_module
 from gpuscope.common.sizes import format_size
-from gpuscope.control.client import ControlClient
 from gpuscope.control.config import DEFAULT_SOCKET
 from gpuscope.control.errors import ControlError
 
@@ -41,6 +39,15 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 DEFAULT_LEAD_S = 2.0  # a fleet capture starts this long after the command: time to reach every agent
 MAX_LEAD_S = 60.0  # agents refuse a start time further ahead
 MAX_FLEET = 256
+if TYPE_CHECKING:
+    import grpc
+
+    from gpuscope.control import client as _control_client
+    from gpuscope.control.client import ControlClient
+else:  # gRPC is loaded by the commands that talk to an agent, not by `gpuscope run` building its parser
+    grpc = lazy_module("grpc")
+    _control_client = lazy_module("gpuscope.control.client")
+
 SOCKET_ENV = "GPUSCOPE_CONTROL__SOCKET"  # the agent's control.socket, as its configuration names it
 
 
@@ -172,8 +179,10 @@ def _client(args: argparse.Namespace, address: str | Path | None = None) -> Cont
     if address is None:  # None left: the local agent this user would talk to (ControlClient's default)
         address = args.agent or args.socket or (Path(os.environ[SOCKET_ENV]) if os.environ.get(SOCKET_ENV)
                                                 else None)
-    return ControlClient(address, tls_ca=args.tls_ca, token_file=args.token_file, tls_cert=args.tls_cert,
-                         tls_key=args.tls_key, tls_server_name=args.tls_server_name)
+    client: ControlClient = _control_client.ControlClient(
+        address, tls_ca=args.tls_ca, token_file=args.token_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        tls_server_name=args.tls_server_name)
+    return client
 
 
 def _which_agent(client: ControlClient) -> dict[str, Any]:
@@ -253,7 +262,7 @@ def _fleet(args: argparse.Namespace) -> int:
             records = list(pool.map(one, agents))
     finally:
         for client in clients.values():
-            if isinstance(client, ControlClient):
+            if not isinstance(client, ControlError):
                 client.close()
     if args.json:
         print(json.dumps(records, indent=2))

@@ -1,19 +1,13 @@
-"""Bearer tokens of the control API over TCP: reading the token file, checking a call's metadata in
-constant time, and the interceptor that refuses a call before its method runs."""
+"""Bearer tokens of the control API over TCP: reading the token file, and checking a call's metadata in
+constant time (interceptor.py refuses a call with it before its method runs)."""
 
 from __future__ import annotations
 
 import hmac
 import logging
-import math
 import stat
-import threading
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-
-import grpc
 
 from gpuscope.common.unixfs import FileTooLargeError, read_bounded
 from gpuscope.control.errors import ControlError
@@ -22,7 +16,6 @@ log = logging.getLogger(__name__)
 
 MIN_TOKEN_CHARS = 16  # what the agent accepts; a client sends whatever its file holds
 MAX_TOKEN_BYTES = 4096
-_REFUSALS_LOGGED_EVERY_S = 10.0
 
 
 def read_token(path: Path, *, what: str = "token file", agent_side: bool = False) -> str:
@@ -63,43 +56,3 @@ def bearer_matches(metadata: Any, token: bytes) -> bool:
         offered = credentials.strip().encode("utf-8", "replace")
         return scheme.lower() == "bearer" and hmac.compare_digest(offered, token)
     return False
-
-
-class BearerTokenInterceptor(grpc.ServerInterceptor):
-    """Lets a call through only with the right bearer token; UNAUTHENTICATED before the method runs.
-    Refusals are logged at most every 10 s, with their count."""
-
-    def __init__(self, token: str) -> None:
-        self._token = token.encode()
-        self._lock = threading.Lock()
-        self._refused = 0
-        self._logged_at = -math.inf
-
-    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        handler = continuation(details)
-        if handler is None or bearer_matches(details.invocation_metadata, self._token):
-            return handler
-        self._note_refusal(details.method)
-
-        def deny(request: Any, context: grpc.ServicerContext) -> Any:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong bearer token: send 'authorization: Bearer <token>' with the "
-                          "token of the agent's control.tcp.token_file")
-
-        if handler.response_streaming:
-            def deny_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                deny(request, context)
-                yield from ()
-
-            return grpc.unary_stream_rpc_method_handler(deny_stream)
-        return grpc.unary_unary_rpc_method_handler(deny)
-
-    def _note_refusal(self, method: str) -> None:
-        with self._lock:
-            self._refused += 1
-            now = time.monotonic()
-            if now - self._logged_at < _REFUSALS_LOGGED_EVERY_S:
-                return
-            self._logged_at, count, self._refused = now, self._refused, 0
-        log.warning("control API: refused %d call(s) without a valid bearer token (latest: %s)",
-                    count, method)

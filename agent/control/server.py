@@ -48,24 +48,15 @@ from gpuscope.capture.store import CaptureNotFoundError, CaptureStore, CaptureSt
 from gpuscope.capture.tsl import parse_target
 from gpuscope.common.addresses import format_host_port, parse_host_port
 from gpuscope.common.durations import format_duration
-from gpuscope.common.unixfs import (
-    MAX_UNIX_SOCKET_PATH_BYTES,
-    SocketInUseError,
-    UnsafePathError,
-    clear_stale_socket,
-    ensure_directory,
-    file_identity,
-    read_bounded,
-    same_file,
-)
-from gpuscope.common.user_paths import check_fallback_runtime_dir
-from gpuscope.control.auth import BearerTokenInterceptor, read_token
-from gpuscope.control.client import describe_agent_at
+from gpuscope.common.unixfs import MAX_UNIX_SOCKET_PATH_BYTES, file_identity, read_bounded, same_file
+from gpuscope.control.auth import read_token
 from gpuscope.control.config import (
     ControlConfig,
     TcpConfig,
 )
 from gpuscope.control.errors import ControlError, ControlServerError
+from gpuscope.control.interceptor import BearerTokenInterceptor
+from gpuscope.control.socket_dir import prepare_socket_dir
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
 from gpuscope.snapshot import Snapshot, SnapshotSource
 from gpuscope.version import __version__
@@ -331,12 +322,15 @@ class ControlServer:
     def socket_path(self) -> Path:
         return self._config.socket
 
-    def start(self) -> None:
+    def start(self, *, replacing: tuple[int, int] | None = None) -> None:
+        """``replacing``: the identity (device, inode) of a socket at the path that this server's
+        takes over in one rename (the on-demand listener's, see on_demand.py); else the path must be
+        free or stale."""
         if self._servers:
             return
         self._stopping.clear()
         try:
-            self._start_unix()
+            self._start_unix(replacing)
             if self._config.tcp.enabled:
                 self._start_tcp(self._config.tcp)
         except BaseException:
@@ -358,9 +352,10 @@ class ControlServer:
 
     # -- Unix socket ---------------------------------------------------------------------------------------
 
-    def _start_unix(self) -> None:
+    def _start_unix(self, replacing: tuple[int, int] | None) -> None:
         path = self._config.socket
-        _prepare_socket_dir(path)
+        if replacing is None:
+            prepare_socket_dir(path)
         server = _grpc_server(self._unix_servicer, interceptors=[])
         # Bind in a private directory, set the mode, then link into place: no client ever sees the
         # socket with the umask's permissions, and an existing path is never replaced by the link.
@@ -374,10 +369,16 @@ class ControlServer:
             staged = private / "s"
             # A staged path too long for a socket address: bind in place (then chmod at once).
             bind_path = staged if len(str(staged).encode()) <= MAX_UNIX_SOCKET_PATH_BYTES else path
+            if replacing is not None and (bind_path == path or not same_file(path, replacing)):
+                raise ControlServerError(f"cannot take over the control socket {path}: it is no longer "
+                                         "the agent's own, or its directory's path is too long to stage "
+                                         "a socket beside it")
             _bind(server, f"unix:{bind_path}", what=f"the control socket {path}")
             try:
                 os.chmod(bind_path, self._config.socket_mode)
-                if bind_path != path:
+                if replacing is not None:
+                    os.rename(bind_path, path)  # clients connect to one socket or the other, never none
+                elif bind_path != path:
                     os.link(bind_path, path)
                     os.unlink(bind_path)
                 identity = file_identity(path)
@@ -448,29 +449,6 @@ def _bind(server: grpc.Server, address: str, *, what: str,
     if not port:
         raise ControlServerError(f"cannot listen on {what}")
     return int(port)
-
-
-def _prepare_socket_dir(path: Path) -> None:
-    """Create the socket's directory (0750) and clear a stale socket; refuse anything else in the way,
-    a live agent's socket above all (naming that agent)."""
-    parent = path.parent
-    try:
-        check_fallback_runtime_dir(parent, create=True)  # /tmp/gpuscope-<uid>: ours, or not used
-        ensure_directory(parent, 0o750, parents_mode=0o755, follow_symlinks=True)
-    except OSError as err:
-        raise ControlServerError(f"cannot use {parent}, the directory of the control socket {path}: "
-                                 f"{err.strerror or err}") from err
-    try:
-        if clear_stale_socket(path):
-            log.info("removed a stale control socket at %s", path)
-    except SocketInUseError as err:
-        raise ControlServerError(f"the control socket {path} is in use by another agent "
-                                 f"({describe_agent_at(path, err.pid)}); set control.socket "
-                                 "(GPUSCOPE_CONTROL__SOCKET) to give this agent its own") from None
-    except UnsafePathError as err:
-        raise ControlServerError(f"{err.strerror}: set control.socket to another path") from None
-    except OSError as err:
-        raise ControlServerError(f"cannot inspect the control socket {path}: {err.strerror or err}") from err
 
 
 def _read_pem(path: Path, what: str) -> bytes:

@@ -14,12 +14,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
-
-from gpuscope.generated.kubelet.v1 import podresources_pb2, podresources_pb2_grpc
+from gpuscope.common.lazy_import import lazy_module
 from gpuscope.snapshot import PodContainer
+
+if TYPE_CHECKING:
+    import grpc
+
+    from gpuscope.generated.kubelet.v1 import podresources_pb2, podresources_pb2_grpc
+else:  # imported once a kubelet socket exists: a node off Kubernetes never loads gRPC for this
+    grpc = lazy_module("grpc")
+    podresources_pb2 = lazy_module("gpuscope.generated.kubelet.v1.podresources_pb2")
+    podresources_pb2_grpc = lazy_module("gpuscope.generated.kubelet.v1.podresources_pb2_grpc")
 
 # A node with hundreds of pods answers in well under 1 MiB; the cap only stops a runaway reply.
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024

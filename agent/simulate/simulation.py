@@ -14,12 +14,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from gpuscope.simulate.fake_nvml import FakeNvmlLib, install_library, uninstall_library
-from gpuscope.simulate.kubelet import DeviceAllocation, FakeKubelet
 from gpuscope.simulate.model import GpuModel
 from gpuscope.simulate.scenario import Scenario
 from gpuscope.simulate.work_shape import work_spec
+
+if TYPE_CHECKING:
+    from gpuscope.simulate.kubelet import FakeKubelet
 
 _READY_TIMEOUT_S = 20.0  # helpers start a Python interpreter each; a loaded CI machine can be slow
 _STOP_TIMEOUT_S = 5.0
@@ -101,6 +104,9 @@ class Simulation:
             models = self._models()
             socket = self.kubelet_socket
             if socket is not None:
+                # gRPC is loaded only for a scenario with pods, as a real node loads it only with a kubelet.
+                from gpuscope.simulate.kubelet import DeviceAllocation, FakeKubelet
+
                 self._kubelet = FakeKubelet(socket, [
                     DeviceAllocation(pod.namespace, pod.pod, pod.container, (model.uuid,))
                     for model, gpu in zip(models, self.scenario.gpus, strict=True) for pod in gpu.pods])
