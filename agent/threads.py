@@ -55,3 +55,36 @@ _PR_SET_NAME = 15
 @functools.cache
 def _prctl() -> Any:
     return ctypes.CDLL(None, use_errno=True).prctl
+
+
+class OnDemandThread:
+    """A worker thread started by its first job: ``allow`` once the worker may run, ``wake`` with each
+    job (starts the thread the first time), ``forbid`` before stopping. A node that never gets a job
+    has no thread waiting for one."""
+
+    def __init__(self, name: str, target: Callable[[], object], *, health: SourceHealth | None = None,
+                 source: str | None = None) -> None:
+        self._name, self._target, self._health, self._source = name, target, health, source
+        self._lock = threading.Lock()
+        self._allowed = False
+        self.thread: threading.Thread | None = None
+
+    def allow(self, *, pending: bool = False) -> None:
+        """The worker may run from now on; ``pending``: jobs are already waiting, start it now."""
+        with self._lock:
+            self._allowed = True
+        if pending:
+            self.wake()
+
+    def wake(self) -> None:
+        with self._lock:
+            if self._allowed and self.thread is None:
+                self.thread = start_thread(self._name, self._target, health=self._health, source=self._source)
+
+    def forbid(self) -> None:
+        with self._lock:
+            self._allowed = False
+
+    def join(self, timeout: float) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout)

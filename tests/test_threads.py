@@ -15,7 +15,7 @@ from snapshots import FakeSource, make_snapshot
 
 from gpuscope.exporters.health import SourceHealthCollector
 from gpuscope.health import SourceHealth
-from gpuscope.threads import start_thread
+from gpuscope.threads import OnDemandThread, start_thread
 from gpuscope.web.server import AgentHttpServer
 
 
@@ -74,3 +74,27 @@ def test_threads_are_named_in_the_kernel_too() -> None:
     start_thread("gpuscope-analysis-worker", body).join(5)
     assert done.is_set()
     assert seen == ["gs-analysis-wor"]  # the kernel keeps 15 bytes
+
+
+def test_an_on_demand_thread_starts_with_its_first_job_once_allowed() -> None:
+    ran = threading.Event()
+    worker = OnDemandThread("gpuscope-job", ran.set)
+    worker.wake()  # not allowed yet: nothing starts
+    assert worker.thread is None
+    worker.allow()
+    assert worker.thread is None  # no job yet
+    worker.wake()
+    assert worker.thread is not None
+    worker.join(5)
+    assert ran.is_set()
+    first = worker.thread
+    worker.wake()
+    assert worker.thread is first  # one thread, however many jobs
+    later = OnDemandThread("gpuscope-job", ran.set)
+    later.allow(pending=True)  # jobs already queued: started at once
+    assert later.thread is not None
+    later.forbid()
+    again = OnDemandThread("gpuscope-job", ran.set)
+    again.forbid()
+    again.wake()
+    assert again.thread is None

@@ -26,7 +26,7 @@ from typing import Any
 from gpuscope.capture.model import CaptureRecord
 from gpuscope.capture.store import CaptureStore, CaptureStoreError
 from gpuscope.common.sizes import format_size
-from gpuscope.threads import start_thread
+from gpuscope.threads import OnDemandThread
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,7 @@ class AnalysisWorker:
         self._listeners: list[Callable[[CaptureRecord], None]] = []
         self._lock = threading.Lock()
         self._counts: dict[str, int] = dict.fromkeys(FINDING_NAMES, 0)
-        self._thread: threading.Thread | None = None
-        self._running = False
+        self._worker = OnDemandThread("gpuscope-analysis", self._run)
 
     def add_listener(self, callback: Callable[[CaptureRecord], None]) -> None:
         self._listeners.append(callback)
@@ -91,23 +90,14 @@ class AnalysisWorker:
         except queue.Full:
             self._annotate(record, {"verdict": None, "skipped": "too many captures waiting for analysis"})
             return
-        self._ensure_worker()
+        self._worker.wake()
 
     def start(self) -> None:
         """From now on captures are analysed; the thread starts with the first one."""
-        with self._lock:
-            self._running = True
-        if not self._queue.empty():
-            self._ensure_worker()
-
-    def _ensure_worker(self) -> None:
-        with self._lock:
-            if self._running and self._thread is None:
-                self._thread = start_thread("gpuscope-analysis", self._run)
+        self._worker.allow(pending=not self._queue.empty())
 
     def stop(self, timeout: float = 1.0) -> None:
-        with self._lock:
-            self._running = False
+        self._worker.forbid()
         while True:
             try:
                 self._queue.get_nowait()
@@ -115,8 +105,7 @@ class AnalysisWorker:
                 break
         with contextlib.suppress(queue.Full):  # just emptied: only a racing submit could fill it
             self._queue.put_nowait(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._worker.join(timeout)
 
     # ------------------------------------------------------------ the worker
 

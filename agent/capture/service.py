@@ -42,7 +42,7 @@ from gpuscope.capture.targets import TargetResolver
 from gpuscope.common.memory import release_free_memory
 from gpuscope.health import SourceHealth
 from gpuscope.snapshot import GpuReading, SnapshotSource
-from gpuscope.threads import start_thread
+from gpuscope.threads import OnDemandThread
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +81,7 @@ class CaptureService:
             _QUEUE_LIMIT)
         self._lock = threading.Lock()
         self._counts: dict[tuple[TriggerKind, Outcome], int] = {}
-        self._thread: threading.Thread | None = None
-        self._running = False
+        self._worker = OnDemandThread("gpuscope-capture", self._run, health=health, source="captures")
         self._stored_listeners: list[Callable[[CaptureRecord], None]] = []
 
     def add_stored_listener(self, callback: Callable[[CaptureRecord], None]) -> None:
@@ -107,7 +106,7 @@ class CaptureService:
             record = self._refused(request, "too many captures queued; this trigger was dropped")
             future.set_result(record)
             return future
-        self._ensure_worker()
+        self._worker.wake()
         return future
 
     # ------------------------------------------------------------ lifecycle
@@ -117,21 +116,11 @@ class CaptureService:
         never takes a capture has no thread waiting for one)."""
         if self._health is not None:
             self._health.record("captures", success=True, duration_seconds=None)
-        with self._lock:
-            self._running = True
-        if not self._queue.empty():
-            self._ensure_worker()
-
-    def _ensure_worker(self) -> None:
-        with self._lock:
-            if self._running and self._thread is None:
-                self._thread = start_thread("gpuscope-capture", self._run, health=self._health,
-                                            source="captures")
+        self._worker.allow(pending=not self._queue.empty())
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop after the capture in progress (if any); queued triggers are dropped."""
-        with self._lock:
-            self._running = False
+        self._worker.forbid()
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -141,8 +130,7 @@ class CaptureService:
                 item[1].set_result(self._refused(item[0], "the agent is stopping"))
         with contextlib.suppress(queue.Full):  # just emptied: only a racing submit could fill it
             self._queue.put_nowait(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._worker.join(timeout)
 
     # ------------------------------------------------------------ CaptureStats
 
