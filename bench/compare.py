@@ -13,9 +13,10 @@ seconds and then measures it for ``--seconds`` under one load:
 Scrapes come from a thread of this harness, a fresh HTTP connection each, timed from connect to the
 last byte of the body. gpuscope runs with every default feature on (alert rules, captures with their
 store, the Kineto daemon, the control API, pod attribution), sampling every second, with the paths
-it writes in a temporary directory. Its threads are named after their Python names (a launcher sets
-each thread's kernel name with prctl as it starts; nothing else in the agent changes), so that the
-per-thread figures say which part woke up.
+it writes in a temporary directory. It starts through a small launcher that gives every Python
+thread a kernel name (comm) from its Python name as it starts (the agent renames its own long-lived
+threads; this names the others: gRPC's server threads, per-request HTTP threads, thread pools) and
+lists their ids, so that the per-thread figures say which part woke up. Nothing else changes.
 
 The node is either simulated (``--simulate NAME``, the default without ``--nvml-lib``; gpuscope only,
 as a peer needs an NVML library) or whatever NVML library ``--nvml-lib DIR`` holds: DIR goes first in
@@ -70,7 +71,6 @@ from typing import Any
 import psutil
 from local_agent import free_port, stop, wait_ready
 
-REPO = Path(__file__).resolve().parent.parent
 MIB = 2**20
 TICK = os.sysconf("SC_CLK_TCK")
 LOADS = {"quiet": 15.0, "busy": 1.0}  # seconds between scrapes
@@ -92,7 +92,7 @@ libc = ctypes.CDLL(None, use_errno=True)
 zero = ctypes.c_ulong(0)
 
 def kernel_name(name):
-    name = re.sub(r"^gpuscope-", "", name)
+    name = re.sub(r"^gpuscope-", "gs-", name)
     name = re.sub(r"^Thread-\d+ \((.*)\)$", r"\1", name)
     name = re.sub(r"^ThreadPoolExecutor-(\d+)_(\d+)$", r"pool-\1_\2", name)
     return name.encode(errors="replace")[:15]
@@ -490,7 +490,7 @@ def profile(args: argparse.Namespace, tmp: Path, seconds: int = 20, top: int = 1
     try:
         time.sleep(min(args.warmup, 5.0))
         record = subprocess.run([pyspy, "record", "--pid", str(process.pid), "--duration", str(seconds),
-                                 "--rate", "100", "--threads", "--nonblocking", "--format", "raw",
+                                 "--rate", "1000", "--threads", "--nonblocking", "--format", "raw",
                                  "--output", str(out)], capture_output=True, text=True, check=False)
         dump = subprocess.run([pyspy, "dump", "--pid", str(process.pid)], capture_output=True, text=True,
                               check=False)
@@ -505,9 +505,21 @@ def profile(args: argparse.Namespace, tmp: Path, seconds: int = 20, top: int = 1
         if stack and samples.isdigit():
             stacks[stack] += int(samples)
     total = sum(stacks.values())
-    print(f"\nprofile: py-spy record, {seconds} s at 100 Hz of an unscraped gpuscope: {total} samples of a "
+    print(f"\nprofile: py-spy record, {seconds} s at 1000 Hz of an unscraped gpuscope: {total} samples of a "
           f"running thread ({total / seconds:.1f} a second); top {top} stacks (thread, then the innermost "
           "frames):")
+    threads: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
+    for stack, count in stacks.items():
+        frames = stack.split(";")
+        threads[frames[0]] += count
+        leaves[frames[-1]] += count
+    print("  by thread:     " + ", ".join(f"{name} {100 * n / (total or 1):.0f} %"
+                                          for name, n in threads.most_common(8)))
+    print("  by innermost frame (self time):")
+    for frame, count in leaves.most_common(8):
+        print(f"  {100 * count / (total or 1):5.1f} %  {frame}")
+    print("  by stack:")
     rows = []
     for stack, count in stacks.most_common(top):
         frames = stack.split(";")
@@ -519,7 +531,8 @@ def profile(args: argparse.Namespace, tmp: Path, seconds: int = 20, top: int = 1
     text = dump.stdout if "Thread " in dump.stdout else dump.stderr
     text = text[text.find("Thread "):] if "Thread " in text else text  # past the command line
     print("  " + text.strip().replace("\n", "\n  "))
-    return {"samples": total, "top": rows, "dump": dump.stdout}
+    return {"samples": total, "by_thread": dict(threads), "by_innermost_frame": dict(leaves.most_common(50)),
+            "top": rows, "dump": dump.stdout}
 
 
 def main() -> None:

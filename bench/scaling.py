@@ -9,7 +9,9 @@ NVML library, as bench/tick.py does, and scraped as the agent's /metrics would b
 * tick: CPU time of this thread per ``Sampler.tick`` (median and p99), stepped as in bench/tick.py
   (a manual clock moved one interval before each tick, so each finds an interval's worth of driver
   samples, without waiting for real time). The sampler has the listeners the agent gives it by
-  default: the alert engine with the default rules, and the status page's utilization history;
+  default: the alert engine with the default rules, and the status page's utilization history.
+  As in the agent, gc.freeze() is called once set up; the p99 is where a full collection of what
+  the sampler keeps (its per-GPU and per-process state) lands;
 * scrape: wall time of collecting the agent's /metrics families (the snapshot's, with the default
   per-process settings, the alerts' and the process's own) and rendering them, text 0.0.4 and
   OpenMetrics (which a Prometheus asks for first), median over ``--rounds``, measured as in
@@ -19,12 +21,16 @@ The processes are real: a ``sleep`` per simulated process, whose pid the scenari
 the per-process lookups (/proc, user name, container) run against live processes, as on a node.
 
 The fake library is Python, where a real node's driver is C: a tick here is an upper bound of a
-real node's on the same CPU (bench/tick.py splits the two).
+real node's on the same CPU. ``less fake`` is the mean wall time of a tick less the time spent
+inside the fake library's functions (perf_counter around each call, over as many more ticks, as
+bench/tick.py does): what pynvml's wrappers, gpuscope and its listeners cost, the part a real node
+pays in Python (the timing's own overhead stays in it).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
@@ -39,7 +45,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 from scrape import timings_ms
-from tick import ManualClock, running, stepped_ticks
+from tick import ManualClock, running, split_ms, stepped_ticks, timing_fake
 
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.rules import build_rules
@@ -92,10 +98,17 @@ def measure(gpus: int, per_gpu: int, pids: list[int], args: argparse.Namespace, 
     clock = ManualClock(1.0)
     with running(str(path), INTERVAL, clock) as sampler:
         engine = agent_listeners(sampler, settings)
+        # As the agent does once started: what lives as long as the process is out of the collector's
+        # reach (the previous combination's leftovers are let go first).
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
         for _ in range(args.warmup):
             clock.now += INTERVAL
             sampler.tick()
         ticks = sorted(stepped_ticks(sampler, clock, args.ticks, INTERVAL))
+        with timing_fake() as spent:
+            split = split_ms(stepped_ticks(sampler, clock, args.ticks, INTERVAL, time.perf_counter), spent)
         snapshot = sampler.latest()
         assert snapshot is not None and snapshot.nvml_up, "the simulated NVML did not come up"
         seen = {"gpus_seen": len(snapshot.gpus), "processes": sum(len(g.processes) for g in snapshot.gpus),
@@ -116,6 +129,8 @@ def measure(gpus: int, per_gpu: int, pids: list[int], args: argparse.Namespace, 
         "gpus": gpus, "processes_per_gpu": per_gpu, **seen,
         "tick_cpu_ms_median": statistics.median(ticks),
         "tick_cpu_ms_p99": ticks[min(len(ticks) - 1, int(len(ticks) * 0.99))],
+        "tick_wall_ms_mean": split["tick_ms"], "tick_fake_nvml_ms_mean": split["fake_ms"],
+        "tick_real_node_ms_mean": split["real_node_ms"],
         "scrape_text_ms_median": text[0], "scrape_text_ms_p99": text[1],
         "scrape_openmetrics_ms_median": openmetrics[0], "scrape_openmetrics_ms_p99": openmetrics[1],
         "body_bytes": len(body),
@@ -124,13 +139,14 @@ def measure(gpus: int, per_gpu: int, pids: list[int], args: argparse.Namespace, 
     }
 
 
-HEADER = (f"{'GPUs':>4} {'procs/GPU':>9} {'procs':>6} {'tick ms':>8} {'p99':>8} {'scrape ms':>10} "
-          f"{'OpenMetrics':>11} {'body bytes':>11} {'series':>7}")
+HEADER = (f"{'GPUs':>4} {'procs/GPU':>9} {'procs':>6} {'tick ms':>8} {'p99':>8} {'less fake':>9} "
+          f"{'scrape ms':>10} {'OpenMetrics':>11} {'body bytes':>11} {'series':>7}")
 
 
 def format_row(r: dict[str, Any]) -> str:
     return (f"{r['gpus']:>4} {r['processes_per_gpu']:>9} {r['processes']:>6} {r['tick_cpu_ms_median']:>8.2f} "
-            f"{r['tick_cpu_ms_p99']:>8.2f} {r['scrape_text_ms_median']:>10.2f} "
+            f"{r['tick_cpu_ms_p99']:>8.2f} {r['tick_real_node_ms_mean']:>9.2f} "
+            f"{r['scrape_text_ms_median']:>10.2f} "
             f"{r['scrape_openmetrics_ms_median']:>11.2f} {r['body_bytes']:>11,} {r['series']:>7,}")
 
 
