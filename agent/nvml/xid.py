@@ -64,7 +64,7 @@ class XidWatcher:
         while not self._stop.is_set():
             if polling and drained and self._stop.wait(POLL_SECONDS):  # events come back to back
                 return
-            switches, wall = _context_switches(), time.monotonic()
+            switches, wall = (0 if polling else _context_switches()), time.monotonic()
             try:
                 event = self._nvml.wait_xid(self._event_set, self._devices, 0 if polling else _WAIT_MS)
             except NvmlUnavailable:
@@ -75,7 +75,7 @@ class XidWatcher:
                 self._stop.wait(5.0)
                 continue
             waited = time.monotonic() - wall
-            woken = _context_switches() - switches
+            woken = 0 if polling else _context_switches() - switches
             if not polling and waited > 1.0 and woken > _POLLING_WAKEUPS_PER_S * waited:
                 polling = True
                 log.info("NVML's event wait polls (its thread woke %d times in %.1f s): checking for Xid "
