@@ -205,9 +205,10 @@ def check_file(path: Path, data: bytes) -> tuple[int, list[str]]:
     asserted to be exactly ``FILE: OK``, or the header and one line per problem of load_settings."""
     path.write_bytes(data)
     status, out, err = config_check(path)
+    web_config_file = None
     with gpuscope_environment():
         try:
-            load_settings(path)
+            web_config_file = load_settings(path).web.config_file
         except ConfigError as error:
             problems = error.problems
         else:
@@ -216,6 +217,12 @@ def check_file(path: Path, data: bytes) -> tuple[int, list[str]]:
         assert (out, err, problems) == (f"{path}: OK\n", "", [])
         return status, []
     assert status == EXIT_USAGE, (status, out, err)
+    if not problems and web_config_file is not None:
+        # A valid configuration naming a web configuration file that cannot be used (missing, not
+        # readable, invalid): `config check` reads that file too, and names it as the source.
+        assert out == ""
+        assert err.startswith(f"gpuscope: invalid configuration in {web_config_file}:\n  "), err
+        return status, []
     assert problems and all(p for p in problems)
     assert out == ""
     assert err == f"gpuscope: invalid configuration in {path}:\n" + "".join(f"  {p}\n" for p in problems)
@@ -328,6 +335,8 @@ def test_an_unknown_key_is_named_by_its_key_path(config_dir: Path, document: dic
 @example(document={}, leaf=("sample_interval",), value=10**400)  # float() overflowed: a traceback
 @example(document={}, leaf=("capture", "store", "quota_bytes"), value=10**400)
 @example(document={}, leaf=("control", "socket_mode"), value="0o-7")
+@example(document={}, leaf=("web", "config_file"), value="0")  # valid, but no such file to read
+@example(document={}, leaf=("web", "config_file"), value="")  # read as "." (the working directory)
 def test_any_value_anywhere_is_accepted_or_refused_by_its_key_path(
         config_dir: Path, document: dict[str, Any], leaf: tuple[str, ...], value: Any) -> None:
     status, problems = check_file(config_dir / "any.yaml", yaml_bytes(_set_path(document, leaf, value)))
