@@ -32,6 +32,11 @@ class SlurmJob:
     step: str  # a step number, or "batch", "extern" or "interactive"; "" when the path names none
     uid: int | None = None  # the job's user id, where the path names it (Slurm's cgroup v1 layout)
 
+    @property
+    def notation(self) -> str:
+        """Slurm's own name for the step: ``4242.0``, ``4242.batch``; the job id alone without a step."""
+        return f"{self.job_id}.{self.step}" if self.step else self.job_id
+
 
 @dataclass(frozen=True, slots=True)
 class ProcessReading:

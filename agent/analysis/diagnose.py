@@ -25,6 +25,7 @@ from gpuscope.analysis.model import DEVICE_KINDS, Kind, Trace
 from gpuscope.analysis.patterns import (
     COLLECTIVE_KERNEL,
     DISPATCH_OP,
+    FINDING_KINDS,
     INPUT_OP,
     INPUT_PYTHON,
     LAUNCH_RUNTIME,
@@ -36,7 +37,6 @@ from gpuscope.analysis.patterns import (
 from gpuscope.analysis.steps import Step, Steps, find_steps
 
 Severity = Literal["high", "moderate"]
-FINDING_KINDS = ("input_bound", "host_sync", "launch_bound", "communication_wait", "idle_between_steps")
 HIGH = 0.20
 MODERATE = 0.05
 SHORT_GAP_US = 1000.0  # a device gap this short between two kernels is launch overhead, not a stall

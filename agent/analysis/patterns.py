@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import re
 
+# The findings, in the order they are reported at equal severity and share.
+FINDING_KINDS = ("input_bound", "host_sync", "launch_bound", "communication_wait", "idle_between_steps")
+
 # Host spans during which a step waits for its input.
 INPUT_OP = re.compile(
     r"DataLoader.*__next__"  # PyTorch: enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuscope.analysis.errors import DEFAULT_MAX_BYTES, TraceError
-from gpuscope.analysis.kineto_json import read_kineto
-from gpuscope.analysis.model import Trace
-from gpuscope.analysis.xspace import read_xspace
+
+if TYPE_CHECKING:
+    from gpuscope.analysis.model import Trace
 
 __all__ = ["DEFAULT_MAX_BYTES", "find_traces", "read_trace"]
 
@@ -32,6 +33,11 @@ MAX_ENTRIES = 200_000
 
 def is_trace_name(name: str) -> bool:
     return name.endswith(XSPACE_SUFFIX) or name.endswith(JSON_SUFFIXES)
+
+
+def is_trace_in_folder(name: str) -> bool:
+    """A file found in a folder that is a trace: in a log directory other JSON files are not."""
+    return name.endswith(XSPACE_SUFFIX) or name.endswith(TRACE_JSON_SUFFIXES)
 
 
 def find_traces(path: Path) -> list[Path]:
@@ -67,7 +73,7 @@ def traces_in_folder(folder: Path, files: list[str]) -> list[Path]:
     has_xspace = any(name.endswith(XSPACE_SUFFIX) for name in files)
     traces = []
     for name in files:
-        if not (name.endswith(XSPACE_SUFFIX) or name.endswith(TRACE_JSON_SUFFIXES)):
+        if not is_trace_in_folder(name):
             continue
         if has_xspace and name.endswith(XSPACE_COPY_SUFFIX) and not name.endswith(PYTORCH_SUFFIXES):
             continue
@@ -85,9 +91,14 @@ def modified(path: Path) -> float:
 
 
 def read_trace(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
-    """The trace in one file, read by the reader its name calls for."""
+    """The trace in one file, read by the reader its name calls for (imported then: naming traces, as
+    the agent's capture analysis does, needs no reader, nor protobuf)."""
     if path.name.endswith(XSPACE_SUFFIX):
+        from gpuscope.analysis.xspace import read_xspace
+
         return read_xspace(path, max_bytes=max_bytes)
     if path.name.endswith(JSON_SUFFIXES):
+        from gpuscope.analysis.kineto_json import read_kineto
+
         return read_kineto(path, max_bytes=max_bytes)
     raise TraceError(f"not a trace file: {path} (expected .pt.trace.json[.gz] or .xplane.pb)")

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuscope.analysis.patterns import FINDING_KINDS
+from gpuscope.analysis.sources import is_trace_in_folder
 from gpuscope.capture.model import CaptureRecord
 from gpuscope.capture.store import CaptureStore, CaptureStoreError
 from gpuscope.common.sizes import format_size
@@ -30,9 +32,7 @@ from gpuscope.threads import OnDemandThread
 
 log = logging.getLogger(__name__)
 
-TRACE_SUFFIXES = (".xplane.pb", ".pt.trace.json", ".pt.trace.json.gz", ".trace.json", ".trace.json.gz")
-FINDING_NAMES = ("input_bound", "host_sync", "launch_bound", "communication_wait", "idle_between_steps",
-                 "healthy")
+FINDING_NAMES = (*FINDING_KINDS, "healthy")
 MAX_OUTPUT_BYTES = 4 << 20  # the child's JSON report
 MAX_FINDINGS = 8  # kept in the record, over all of a capture's traces
 MAX_TEXT = 300  # characters of a summary or an evidence name kept in the record
@@ -209,4 +209,4 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def _trace_files(record: CaptureRecord) -> list[str]:
-    return [name for name in record.files if name.endswith(TRACE_SUFFIXES)]
+    return [name for name in record.files if is_trace_in_folder(name)]

@@ -82,7 +82,7 @@ def _slurm_step(job: SlurmJob | None) -> str:
     """Slurm's own notation for a step (``4242.0``, ``4242.batch``), or ``-`` outside a job."""
     if job is None:
         return "-"
-    return f"{job.job_id}.{job.step}" if job.step else job.job_id
+    return job.notation
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:

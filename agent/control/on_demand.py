@@ -17,18 +17,16 @@ import functools
 import logging
 import os
 import select
-import shutil
 import socket
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from gpuscope.common.unixfs import MAX_UNIX_SOCKET_PATH_BYTES, file_identity, same_file
+from gpuscope.common.unixfs import same_file
 from gpuscope.control.config import ControlConfig
 from gpuscope.control.errors import ControlServerError
-from gpuscope.control.socket_dir import prepare_socket_dir
+from gpuscope.control.socket_dir import place_socket, prepare_socket_dir
 from gpuscope.threads import start_thread
 
 log = logging.getLogger(__name__)
@@ -141,29 +139,18 @@ class OnDemandControlServer:
 
 
 def _listen(path: Path, mode: int) -> tuple[socket.socket, tuple[int, int]]:
-    """A listening socket at ``path`` with ``mode``: bound in a private directory, given its mode, then
-    linked into place, so no client sees it with the umask's permissions."""
+    """A listening socket at ``path`` with ``mode`` (placed as the gRPC server's is)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        private = Path(tempfile.mkdtemp(prefix=".gpuscope-", dir=path.parent))
-    except OSError as err:
-        listener.close()
-        raise ControlServerError(f"cannot create the control socket in {path.parent}: "
-                                 f"{err.strerror or err}") from err
-    try:
-        staged = private / "s"
-        in_place = len(str(staged).encode()) > MAX_UNIX_SOCKET_PATH_BYTES
-        listener.bind(str(path if in_place else staged))
-        os.chmod(path if in_place else staged, mode)
-        if not in_place:
-            os.link(staged, path)
+        identity = place_socket(path, mode, lambda where: listener.bind(str(where)))
         listener.listen(BACKLOG)
-        return listener, file_identity(path)
     except OSError as err:
         listener.close()
         raise ControlServerError(f"cannot set up the control socket {path}: {err.strerror or err}") from err
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
+    except ControlServerError:
+        listener.close()
+        raise
+    return listener, identity
 
 
 def _relay(client: socket.socket, path: Path) -> None:

@@ -21,15 +21,12 @@ and the error names the agent that serves it (its pid, and its node name as GetA
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import math
 import os
 import secrets
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,7 +45,7 @@ from gpuscope.capture.store import CaptureNotFoundError, CaptureStore, CaptureSt
 from gpuscope.capture.tsl import parse_target
 from gpuscope.common.addresses import format_host_port, parse_host_port
 from gpuscope.common.durations import format_duration
-from gpuscope.common.unixfs import MAX_UNIX_SOCKET_PATH_BYTES, file_identity, read_bounded, same_file
+from gpuscope.common.unixfs import read_bounded, same_file
 from gpuscope.control.auth import read_token
 from gpuscope.control.config import (
     ControlConfig,
@@ -56,7 +53,7 @@ from gpuscope.control.config import (
 )
 from gpuscope.control.errors import ControlError, ControlServerError
 from gpuscope.control.interceptor import BearerTokenInterceptor
-from gpuscope.control.socket_dir import prepare_socket_dir
+from gpuscope.control.socket_dir import place_socket, prepare_socket_dir
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
 from gpuscope.snapshot import Snapshot, SnapshotSource
 from gpuscope.version import __version__
@@ -357,40 +354,14 @@ class ControlServer:
         if replacing is None:
             prepare_socket_dir(path)
         server = _grpc_server(self._unix_servicer, interceptors=[])
-        # Bind in a private directory, set the mode, then link into place: no client ever sees the
-        # socket with the umask's permissions, and an existing path is never replaced by the link.
-        private = None
         try:
-            private = Path(tempfile.mkdtemp(prefix=".gpuscope-", dir=path.parent))
-        except OSError as err:
-            raise ControlServerError(f"cannot create the control socket in {path.parent}: "
-                                     f"{err.strerror or err}") from err
-        try:
-            staged = private / "s"
-            # A staged path too long for a socket address: bind in place (then chmod at once).
-            bind_path = staged if len(str(staged).encode()) <= MAX_UNIX_SOCKET_PATH_BYTES else path
-            if replacing is not None and (bind_path == path or not same_file(path, replacing)):
-                raise ControlServerError(f"cannot take over the control socket {path}: it is no longer "
-                                         "the agent's own, or its directory's path is too long to stage "
-                                         "a socket beside it")
-            _bind(server, f"unix:{bind_path}", what=f"the control socket {path}")
-            try:
-                os.chmod(bind_path, self._config.socket_mode)
-                if replacing is not None:
-                    os.rename(bind_path, path)  # clients connect to one socket or the other, never none
-                elif bind_path != path:
-                    os.link(bind_path, path)
-                    os.unlink(bind_path)
-                identity = file_identity(path)
-            except OSError as err:
-                server.stop(0)
-                if err.errno == errno.EEXIST:
-                    raise ControlServerError(f"{path} appeared while the control socket was being set up "
-                                             "(another gpuscope agent starting?)") from err
-                raise ControlServerError(f"cannot set up the control socket {path}: "
-                                         f"{err.strerror or err}") from err
-        finally:
-            shutil.rmtree(private, ignore_errors=True)
+            identity = place_socket(
+                path, self._config.socket_mode,
+                lambda where: _bind(server, f"unix:{where}", what=f"the control socket {path}"),
+                replacing=replacing)
+        except ControlServerError:
+            server.stop(0)
+            raise
         self._socket_inode = identity
         server.start()
         self._servers.append(server)

@@ -197,7 +197,7 @@ def _process_row(view: StatusView, gpu: GpuReading, process: ProcessReading,
         cells.append(f"<td>{_e(process.user) if process.user and process.host_visible else _NONE}</td>")
     if show_jobs:
         job = process.slurm_job if process.host_visible else None
-        step = (f"{job.job_id}.{job.step}" if job.step else job.job_id) if job is not None else ""
+        step = job.notation if job is not None else ""
         cells.append(f'<td class="mono">{_e(step)}</td>' if step else f"<td>{_NONE}</td>")
     pod_name, namespace, container = pod
     if not container and process.container_id and process.host_visible:

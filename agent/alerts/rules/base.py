@@ -76,6 +76,12 @@ def require_clearable(hysteresis: float, bound: float, bound_key: str) -> None:
         raise ValueError(f"hysteresis must be below {bound_key} (else the alert could never clear)")
 
 
+def require_reachable(threshold: float, hysteresis: float) -> None:
+    """A rule that fires below a ratio clears at threshold + hysteresis, which a ratio must reach."""
+    if threshold + hysteresis > 1.0:
+        raise ValueError("threshold + hysteresis must be at most 1 (else the alert could never clear)")
+
+
 def bound_text(bound: float, *, scale: float = 100.0) -> str:
     """A threshold as a summary shows it: 0.8 -> "80", 0.35000000000000003 -> "35", 6.0 -> "6"."""
     return f"{round(bound * scale, 3):g}"
@@ -160,7 +166,7 @@ def slurm_jobs_text(processes: Iterable[ProcessReading]) -> str:
         job = process.slurm_job
         if job is None or not process.host_visible:
             continue
-        name = f"{job.job_id}.{job.step}" if job.step else job.job_id
+        name = job.notation
         if steps.get(name) is None:
             steps[name] = process.user
     if not steps:

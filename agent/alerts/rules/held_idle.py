@@ -25,6 +25,7 @@ from gpuscope.alerts.rules.base import (
     percent,
     percent_bound,
     pods_text,
+    require_reachable,
     window_field,
 )
 from gpuscope.common.config_types import ByteSize
@@ -43,8 +44,7 @@ class HeldIdleConfig(RuleConfig):
 
     @model_validator(mode="after")
     def _reachable(self) -> HeldIdleConfig:
-        if self.threshold + self.hysteresis > 1.0:
-            raise ValueError("threshold + hysteresis must be at most 1 (else the alert could never clear)")
+        require_reachable(self.threshold, self.hysteresis)
         return self
 
 

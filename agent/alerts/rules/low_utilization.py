@@ -18,6 +18,7 @@ from gpuscope.alerts.rules.base import (
     for_field,
     percent,
     percent_bound,
+    require_reachable,
     window_field,
 )
 
@@ -31,8 +32,7 @@ class LowUtilizationConfig(RuleConfig):
 
     @model_validator(mode="after")
     def _reachable(self) -> LowUtilizationConfig:
-        if self.threshold + self.hysteresis > 1.0:
-            raise ValueError("threshold + hysteresis must be at most 1 (else the alert could never clear)")
+        require_reachable(self.threshold, self.hysteresis)
         return self
 
 
