@@ -22,6 +22,7 @@ from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.factory import Captures, build_captures
 from gpuscope.capture.webhook import WebhookReceiver, this_node_hosts
 from gpuscope.common.config_types import ConfigError
+from gpuscope.common.memory import release_free_memory
 from gpuscope.config import Settings
 from gpuscope.control.errors import ControlError, ControlServerError
 from gpuscope.control.on_demand import OnDemandControlServer
@@ -195,6 +196,7 @@ class Agent:
         # reach, so the garbage a scrape leaves behind triggers cheap collections, not 6-8 ms ones.
         gc.collect()
         gc.freeze()
+        release_free_memory()  # what building it all freed (about 1 MiB) goes back to the system
         self.systemd.ready(f"serving on port {port}")
         security = self.web_config.current()
         scheme = "https" if security.tls else "http"
@@ -232,18 +234,25 @@ class Agent:
         self.sampling.uninstall()
 
     def run_until_signalled(self) -> None:
-        """Serve until SIGTERM or SIGINT, then stop (well within 2 s)."""
-        done = threading.Event()
+        """Serve until SIGTERM or SIGINT, then stop (well within 2 s).
+
+        The main thread sleeps in one lock acquisition until then, with no timer waking it: Linux hands
+        a signal sent to the process to its main thread, whose acquisition the signal interrupts to run
+        the handler, and the handler releases the lock. A lock, not an Event: Event.set takes an inner
+        lock that the interrupted thread may be holding, and a handler waiting on it would wait forever;
+        a release never waits."""
+        serving = threading.Lock()
+        serving.acquire()  # released by the first SIGTERM or SIGINT
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
             log.info("received %s, stopping", signal.Signals(signum).name)
-            done.set()
+            if serving.locked():  # held until the main thread wakes; a second signal finds it taken again
+                serving.release()
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.start()
-            while not done.wait(1.0):
-                pass
+            serving.acquire()
         finally:
             self.stop()
             for sig, handler in previous.items():

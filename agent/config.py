@@ -12,7 +12,6 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from gpuscope.alerts.alertmanager import alertmanager_endpoint
 from gpuscope.alerts.config import AlertingConfig
@@ -31,7 +30,7 @@ from gpuscope.common.durations import format_duration
 from gpuscope.common.process_labels import DEFAULT_MAX_PER_GPU, PROCESS_LABEL_CHOICES, ProcessLabel
 from gpuscope.common.sizes import format_size
 from gpuscope.common.unixfs import FileTooLargeError, read_bounded
-from gpuscope.config_environment import environment_problems
+from gpuscope.config_environment import environment_problems, environment_values
 from gpuscope.control.config import ControlConfig
 
 ENVIRONMENT = "GPUSCOPE_* environment variables"
@@ -89,7 +88,8 @@ class NvmlConfig(Section):
 class WatchdogConfig(Section):
     stuck_after: Duration = Field(3.0, ge=0.5, le=3600.0, description=(
         "An NVML call on a GPU that has not returned after this long is given up on: the GPU is reported "
-        "down and skipped until the call returns, while the other GPUs keep reporting."))
+        "down and skipped until the call returns, while the other GPUs keep reporting (a stuck check for "
+        "Xid events: Xid counts stand still)."))
     unhealthy_after: Duration = Field(30.0, ge=5.0, le=3600.0, description=(
         "/-/healthy fails when no sampling tick has completed for this long (Kubernetes' liveness probe "
         "then restarts the agent)."))
@@ -105,14 +105,7 @@ class PodsConfig(Section):
         "How long the last answer stays in use while the kubelet cannot be asked (a kubelet restart)."))
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="GPUSCOPE_",
-        env_nested_delimiter="__",
-        extra="forbid",
-        frozen=True,
-    )
-
+class Settings(Section):
     sample_interval: Duration = Field(1.0, ge=0.05, le=3600.0, description="Seconds between NVML samples.")
     node_name: str | None = Field(None, description="Node name in snapshots; default: the hostname.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -126,18 +119,6 @@ class Settings(BaseSettings):
     capture: CaptureConfig = Field(default_factory=CaptureConfig)
     control: ControlConfig = Field(default_factory=ControlConfig)
     pods: PodsConfig = Field(default_factory=PodsConfig)
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The YAML file is merged in load_settings (below the env) so that its errors carry the file name.
-        return init_settings, env_settings
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -177,21 +158,18 @@ def read_yaml(path: Path) -> dict[str, Any]:
 def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
     """Build the settings from the file (optional), GPUSCOPE_* variables and flag overrides."""
     file_values = read_yaml(path) if path is not None else {}
-    # The settings library matches top-level keys without regard to case, as it matches the variables:
-    # "SAMPLE_INTERVAL" was taken, and of "web" and "WEB" one silently dropped. Refused, as nested keys are.
+    # Top-level keys are matched as written: of "web" and "WEB" neither may shadow the other unseen.
     unknown = [f"{key}: unknown key" for key in file_values if key not in Settings.model_fields]
     file_values = {key: value for key, value in file_values.items() if key in Settings.model_fields}
     source = str(path) if path is not None else "environment/flags"
     problems = environment_problems(Settings, os.environ)
     if problems:
         raise ConfigError(ENVIRONMENT, problems)
+    env_values = environment_values(Settings, os.environ)
     try:
-        from_env = Settings()  # env only: tells which fields the environment set
-        env_values = from_env.model_dump(exclude_unset=True, by_alias=True)  # as a file writes them
+        Settings.model_validate(env_values)  # the environment alone: its errors are named as its own
     except ValidationError as err:
         raise ConfigError(ENVIRONMENT, format_errors(err)) from err
-    except SettingsError as err:  # what environment_problems did not foresee: still no traceback
-        raise ConfigError(ENVIRONMENT, [f"{err}: {err.__cause__ or 'not usable'}"]) from err
     merged = _deep_merge(_deep_merge(file_values, env_values), overrides or {})
     try:
         settings = Settings.model_validate(merged)

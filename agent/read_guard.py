@@ -6,7 +6,8 @@ within ``stuck_after`` the watchdog gives that thread up: the GPU it is stuck in
 down, skipped) and a new sampler thread, of the next *generation*, carries on with the other GPUs.
 When the stuck call returns at last, its thread sees that it was given up on, releases the GPU (read
 again from the next tick) and ends without publishing anything. So there is one extra thread per GPU
-stuck at a time, and none otherwise.
+stuck at a time, and none otherwise. The Xid check that the sampler makes each tick when NVML's event
+wait polls (see nvml.xid) is guarded the same way, under an index that no GPU has.
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ class ReadGuard:
             if self._held.get(gpu) == generation:
                 del self._held[gpu]
             return False
+
+    def stuck_at(self) -> float | None:
+        """When the read in progress will have run ``stuck_after`` (monotonic), or None when no read is
+        in progress: the watchdog sleeps until then rather than waking on a short period."""
+        with self._lock:
+            current = self._current
+        return None if current is None else current[2] + self.stuck_after_seconds
 
     def stuck(self, now: float) -> tuple[int, int] | None:
         """(the GPU whose read has run longer than ``stuck_after``, now held; the next generation), or

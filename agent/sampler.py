@@ -3,7 +3,8 @@
 It owns NVML's lifecycle (lazy init with back-off while there is no driver), the per-GPU counter
 state (energy resets, PCIe integration, idle dips, busy time, energy by process) and the process
 mapping, and publishes each new Snapshot by replacing one reference, so readers never block it and it
-never blocks on them.
+never blocks on them. When NVML's event wait polls, each tick also checks for Xid events (see nvml.xid).
+A watchdog thread gives up on an NVML call that does not return (see read_guard).
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ PodLookup = Callable[[str, int], tuple[PodContainer, ...]]
 
 class _GivenUp(Exception):
     """This sampler thread was given up on while stuck in an NVML call (see read_guard)."""
+
+
+# The read guard's index for the Xid check made each tick when NVML's event wait polls: no GPU has it, so
+# a check that hangs is given up on as a GPU read is, and only Xid counting waits for it.
+XID_CHECK_INDEX = -1
 
 
 # The readings the boundary hands over unchanged: DeviceReadings' fields that GpuReading has too.
@@ -152,7 +158,8 @@ class Sampler:
 
     @property
     def stuck_calls_total(self) -> int:
-        """NVML calls given up on since start (a GPU read that did not return within stuck_after)."""
+        """NVML calls given up on since start: GPU reads, or Xid checks, that did not return within
+        stuck_after."""
         return self._guard.stuck_calls_total
 
     # ------------------------------------------------------------ lifecycle
@@ -178,7 +185,9 @@ class Sampler:
             if thread is not None:
                 thread.join(max(0.0, deadline - time.monotonic()))
         if self._xid is not None:
-            self._xid.stop(timeout=0.0)  # asked now; shutting NVML down ends its event wait
+            # Asked now: a watcher that polls frees its event set here, before NVML shuts down; a thread
+            # blocked in the event wait ends when NVML shuts down.
+            self._xid.stop(timeout=0.0)
         if self._thread is None or not self._thread.is_alive():
             self._nvml.shutdown()
         if self._xid is not None:
@@ -192,17 +201,31 @@ class Sampler:
         return self._latest
 
     def _watch(self) -> None:
-        """The watchdog: gives up on a GPU read that does not return (see read_guard)."""
-        period = max(self._guard.stuck_after_seconds / 2, 0.1)
-        while not self._stop.wait(period):
-            found = self._guard.stuck(time.monotonic())
-            if found is None:
-                continue
-            gpu, generation = found
-            log.warning("GPU %d: an NVML call has not returned for %gs: GPU %d is reported down and skipped "
-                        "until it returns; the other GPUs keep reporting", gpu,
-                        self._guard.stuck_after_seconds, gpu)
-            self._start_thread(generation)
+        """The watchdog: gives up on an NVML call (a GPU read, the Xid check) that does not return (see
+        read_guard).
+
+        When it wakes with no call in progress it sleeps ``stuck_after``; with one in progress, until that
+        call will have run ``stuck_after``. A call that starts while it sleeps has run less than that when
+        it wakes, so every stuck call is given up on once it has run ``stuck_after`` (not up to a period
+        later), and a quiet node wakes the watchdog once per ``stuck_after``."""
+        stuck_after = self._guard.stuck_after_seconds
+        delay = stuck_after
+        while not self._stop.wait(delay):
+            now = time.monotonic()
+            found = self._guard.stuck(now)
+            if found is not None:
+                gpu, generation = found
+                if gpu == XID_CHECK_INDEX:
+                    log.warning("NVML's Xid event check has not returned for %gs: Xid events are not counted "
+                                "until it returns; the GPUs keep reporting", stuck_after)
+                else:
+                    log.warning("GPU %d: an NVML call has not returned for %gs: GPU %d is reported down and "
+                                "skipped until it returns; the other GPUs keep reporting", gpu, stuck_after,
+                                gpu)
+                self._start_thread(generation)
+            stuck_at = self._guard.stuck_at()
+            # (At least a millisecond: a read that became stuck just now is found by the next round.)
+            delay = stuck_after if stuck_at is None else max(stuck_at - now, 0.001)
 
     def _run(self, generation: int) -> None:
         next_at = self._clock()
@@ -232,6 +255,7 @@ class Sampler:
         self._process_seconds = 0.0
         errors_before = sum(self._nvml.error_counts.values())
         self._ensure_nvml(now)
+        self._check_xid(generation)
         gpus: list[GpuReading] = []
         pids: set[int] = set()
         for device in self._devices:
@@ -312,6 +336,21 @@ class Sampler:
                          "for it (NVML does not provide them per MIG instance)", d.identity.index)
         self._xid = XidWatcher(self._nvml, self._devices, health=self._health)
         self._xid.start()
+
+    def _check_xid(self, generation: int) -> None:
+        """Count the Xid events that came since the last tick, when the watcher has no thread waiting
+        for them (its library's wait polls). Guarded like a GPU read: skipped while a check is stuck."""
+        xid = self._xid
+        if xid is None or not xid.polling or self._guard.held(XID_CHECK_INDEX):
+            return
+        self._guard.begin(generation, XID_CHECK_INDEX, time.monotonic())
+        try:
+            xid.poll()
+        finally:
+            current = self._guard.end(generation, XID_CHECK_INDEX)
+        if not current:  # given up on while stuck in it (see _read_gpu)
+            log.info("NVML's Xid event check that was stuck returned")
+            raise _GivenUp
 
     def _read_gpu(self, device: NvmlDevice, now: float, generation: int) -> GpuReading:
         ident = device.identity

@@ -136,7 +136,7 @@ class Snapshot:
     sample_errors: Mapping[str, int] = field(default_factory=dict)  # reading -> failures since start
     interval_seconds: float = 1.0
     monotonic: float = 0.0  # time.monotonic() at the tick, for staleness checks
-    nvml_stuck_calls_total: int = 0  # NVML calls given up on since start (their GPU reported down)
+    nvml_stuck_calls_total: int = 0  # NVML calls given up on since start (GPU reads, Xid checks)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (frozensets become sorted lists, Xid keys become strings)."""

@@ -116,7 +116,8 @@ _HELP_SAMPLE_DURATION = "Time the last sampling tick took, in seconds."
 _HELP_LAST_SAMPLE = "Unix time at which the last sampling tick finished, in seconds."
 _HELP_SAMPLE_ERRORS = "Failed readings since the agent started, by reading, in failures."
 _HELP_STUCK_CALLS = ("NVML calls that did not return within watchdog.stuck_after since the agent started, "
-                     "in calls; their GPU was reported down meanwhile.")
+                     "in calls; a GPU read's GPU was reported down meanwhile, an Xid check's Xid counts "
+                     "stood still.")
 
 _Family = GaugeMetricFamily | CounterMetricFamily
 _CLOCK_EVENT_NAMES: tuple[str, ...] = tuple(CLOCK_EVENT_REASONS.values())

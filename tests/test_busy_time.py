@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 from agent_process import http_get, run_agent
 from test_e2e_prometheus import run_prometheus
@@ -452,6 +453,42 @@ gpus:
     assert {p.pid for p in gpu(snapshots[-1]).processes} == {5001}
     state = sampler._states[0]  # what the sampler keeps per process: only the processes alive
     assert len(state.process_busy) == 1 and set(state.energy_split.by_pid) == {5001}
+
+
+def test_a_gpu_without_processes_is_not_asked_for_process_samples_yet_counts_a_later_one(
+        simulate: Any, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    simulate("""
+gpus:
+  - utilization: {level: 0.8}
+    processes:
+      - {name: early, pid: 5001, stop: 3500ms, sm_share: 1.0}
+      - {name: late, pid: 5002, start: 8s, sm_share: 1.0}
+""")
+    calls: list[float] = []
+    real = pynvml.nvmlDeviceGetProcessUtilization
+
+    def counted(handle: Any, cursor: int) -> Any:
+        calls.append(clock.now)
+        return real(handle, cursor)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetProcessUtilization", counted)
+    sampler = make_sampler(clock)
+    assert clock.now == 2.0  # the fixture's clock: ticks at 2, 3, ... 15
+    snapshots = run(sampler, clock, until=15.0)
+    # Asked while early is listed (2, 3 s), at the first tick without it (4 s: the cursor moves past
+    # its last samples), not while nothing is listed (5-7 s), then every tick with late there.
+    assert calls == [2.0, 3.0, 4.0, *[float(t) for t in range(8, 16)]]
+    assert [p.pid for p in gpu(snapshots[4]).processes] == []
+    (late,) = gpu(snapshots[-1]).processes
+    assert late.pid == 5002 and late.busy_seconds_total is not None
+    # Its kernels ran 80% of the time from 8 s on: all its samples counted, none of early's.
+    assert late.busy_seconds_total == pytest.approx(0.8 * 7, abs=0.8 * 2 * PERIOD_US / 1e6)
+    # Its energy is what the GPU used while it ran, in proportion to its busy time: nothing of the
+    # ticks before it came.
+    before, at_end = gpu(snapshots[6]), gpu(snapshots[-1])  # 8 s (its first tick), 15 s
+    assert late.energy_joules_total is not None
+    assert before.energy_joules_total is not None and at_end.energy_joules_total is not None
+    assert late.energy_joules_total <= at_end.energy_joules_total - before.energy_joules_total + 1e-6
 
 
 # -- a real Prometheus scraping every 5 s -----------------------------------------------------------------

@@ -210,6 +210,28 @@ def test_sigterm_stops_cleanly_within_two_seconds_and_reaps_helpers(tmp_path: Pa
         assert "Traceback" not in agent.stderr()
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_the_idle_main_thread_wakes_for_sigterm_and_sigint(tmp_path: Path, signum: signal.Signals) -> None:
+    """The main thread sleeps with no timer until a signal comes: each of the two still stops the agent
+    within 2 s, however long it has been serving."""
+    with run_agent(tmp_path, "--simulate", "demo") as agent:
+        agent.wait_for("/metrics", "gpu_up{")
+        main_thread = Path(f"/proc/{agent.proc.pid}/task/{agent.proc.pid}/status")
+
+        def switches() -> int:
+            return sum(int(line.split()[1]) for line in main_thread.read_text().splitlines()
+                       if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")))
+
+        before = switches()
+        time.sleep(2.5)  # the main thread long asleep: a timer of a second would have woken it twice
+        assert switches() - before <= 1
+        started = time.monotonic()
+        agent.proc.send_signal(signum)
+        assert agent.proc.wait(timeout=5.0) == 0
+        assert time.monotonic() - started < 2.0
+        assert f"received {signum.name}, stopping" in agent.stderr() and "Traceback" not in agent.stderr()
+
+
 @pytest.mark.parametrize("address", ["nonsense", "127.0.0.1:99999", "[::1"])
 def test_bad_listen_address_is_refused(address: str) -> None:
     result = gpuscope("run", "--web.listen-address", address, timeout=30)

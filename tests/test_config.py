@@ -83,6 +83,60 @@ def test_bad_env_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         load_settings()
 
 
+def test_a_section_as_json_with_a_key_of_its_own_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSCOPE_PODS", '{"keep_for": "1m", "refresh_interval": "30s"}')
+    monkeypatch.setenv("GPUSCOPE_PODS__KEEP_FOR", "7m")  # the key's own variable wins over the section's
+    monkeypatch.setenv("GPUSCOPE_CAPTURE__PROFILER_PORTS", "[6009, 9012]")  # a list: JSON
+    monkeypatch.setenv("gpuscope_alerting__rules__gputhrottled__min_fraction", "0.75")  # any case
+    s = load_settings()
+    assert (s.pods.keep_for, s.pods.refresh_interval) == (420.0, 30.0)
+    assert list(s.capture.profiler_ports) == [6009, 9012]
+    assert s.alerting.rules.GpuThrottled.min_fraction == 0.75
+
+
+def test_sections_given_whole_at_two_levels_both_apply(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSCOPE_ALERTING", '{"rules": {"GpuThrottled": {"for": "5m", "window": "10m"}}}')
+    monkeypatch.setenv("GPUSCOPE_ALERTING__RULES", '{"GpuThrottled": {"min_fraction": 0.5}}')
+    rule = load_settings().alerting.rules.GpuThrottled
+    assert (rule.for_, rule.window, rule.min_fraction) == (300.0, 600.0, 0.5)
+
+
+def test_keys_inside_a_section_given_as_json_are_read_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSCOPE_WEB", '{"LISTEN_ADDRESS": ":1234"}')
+    monkeypatch.setenv("GPUSCOPE_ALERTING__RULES", '{"gputhrottled": {"FOR": "5m"}}')
+    s = load_settings()
+    assert s.web.listen_address == ":1234" and s.alerting.rules.GpuThrottled.for_ == 300.0
+    # Two spellings of one key: refused by name, neither dropped unseen.
+    monkeypatch.setenv("GPUSCOPE_WEB", '{"listen_address": ":1", "LISTEN_ADDRESS": ":2"}')
+    with pytest.raises(ConfigError, match="LISTEN_ADDRESS"):
+        load_settings()
+
+
+def test_one_setting_spelt_twice_in_the_environment_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSCOPE_SAMPLE_INTERVAL", "5s")
+    monkeypatch.setenv("gpuscope_sample_interval", "7s")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.problems == ["GPUSCOPE_SAMPLE_INTERVAL, gpuscope_sample_interval: one setting given 2 "
+                                   "times (the names differ only in letter case); keep one"]
+
+
+def test_a_section_that_is_not_an_object_is_refused_by_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSCOPE_WEB", "[1]")
+    monkeypatch.setenv("GPUSCOPE_WEB__MAX_REQUESTS", "5")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.source == "GPUSCOPE_* environment variables"
+    assert [p.partition(":")[0] for p in info.value.problems] == ["web"]
+
+
+def test_the_environment_does_not_reach_a_settings_object_made_directly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSCOPE_SAMPLE_INTERVAL", "5s")
+    assert Settings().sample_interval == 1.0  # only load_settings reads the variables
+    assert load_settings().sample_interval == 5.0
+
+
 def test_retry_max_not_below_initial(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nvml\.retry_max"):
         load_settings(write(tmp_path, "nvml:\n  retry_initial: 10s\n  retry_max: 1s\n"))

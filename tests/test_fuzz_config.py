@@ -375,8 +375,8 @@ def test_an_integer_python_will_not_read_is_a_config_error(config_dir: Path, dig
     assert status == EXIT_USAGE and len(problems) == 1
 
 
-# Top-level keys are exact, as nested ones are (the settings library alone would match them in any
-# case: SAMPLE_INTERVAL taken, and of sample_interval and SAMPLE_INTERVAL one silently dropped).
+# Top-level keys are exact, as nested ones are: SAMPLE_INTERVAL is an unknown key, never a second
+# spelling of sample_interval of which one would be silently dropped.
 
 
 def _in_some_case(name: str) -> st.SearchStrategy[str]:
@@ -427,7 +427,7 @@ def test_parse_size_answers_bytes_or_value_error(value: Any) -> None:
 
 # -- GPUSCOPE_* variables ------------------------------------------------------------------------------
 
-# Letters and what else the settings library (case-insensitive: str.lower()) or a shell could make of
+# Letters and what else the variables' reader (case-insensitive: str.lower()) or a shell could make of
 # them: upper and lower case, and characters whose case mapping lands on an ASCII letter.
 _CASE_VARIANTS = {"s": "sS\u017f", "k": "kK\u212a", "i": "iI\u0131\u0130"}
 
@@ -488,7 +488,7 @@ _APPLIED = [
 
 
 def _spellings(name: str) -> st.SearchStrategy[str]:
-    """``name`` with each letter in a case the settings library or a shell could produce."""
+    """``name`` with each letter in a case the variables' reader or a shell could produce."""
     return st.tuples(*(st.sampled_from(_CASE_VARIANTS.get(c.lower(), c.lower() + c.upper())) for c in name)
                      ).map("".join)
 
@@ -501,7 +501,7 @@ def _spellings(name: str) -> st.SearchStrategy[str]:
 def test_a_variable_that_is_not_refused_is_applied(
         case: tuple[tuple[tuple[str, ...], str, Any], str]) -> None:
     (path, value, expected), name = case
-    if not name.lower().startswith("gpuscope_"):  # not one of ours (the settings library's reading)
+    if not name.lower().startswith("gpuscope_"):  # not one of ours (as the variables' reader reads it)
         expected = getattr(Settings.model_fields[path[0]], "default", None) if len(path) == 1 else None
         assume(expected is not None)
     with gpuscope_environment({name: value}):

@@ -26,7 +26,7 @@ from capturing import require_torch
 from installing import isolated_venv, source_copy, source_modules
 
 # Distributions of the agent that the training job's side must not need.
-AGENT_ONLY = ("pydantic", "pydantic_settings", "pydantic_core", "psutil", "prometheus_client", "pynvml",
+AGENT_ONLY = ("pydantic", "pydantic_core", "psutil", "prometheus_client", "pynvml",
               "yaml", "bcrypt")
 
 

@@ -16,6 +16,7 @@ from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml import boundary
 from gpuscope.nvml.boundary import Nvml
 from gpuscope.nvml.readings import DeviceReadings
+from gpuscope.read_guard import ReadGuard
 from gpuscope.sampler import PLAIN_READINGS, Sampler
 from gpuscope.simulate import Simulation, load_scenario
 from gpuscope.simulate.loader import parse_scenario
@@ -374,6 +375,76 @@ def test_a_sampler_stuck_as_a_whole_is_not_alive_and_its_snapshot_is_stale() -> 
         while not sampler.is_alive() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sampler.is_alive()
+    finally:
+        release.set()
+        sampler.stop()
+        simulation.uninstall()
+
+
+def test_read_guard_says_when_the_read_in_progress_becomes_stuck() -> None:
+    guard = ReadGuard(stuck_after_seconds=3.0)
+    generation = guard.next_generation()
+    assert guard.stuck_at() is None  # no read in progress
+    guard.begin(generation, 2, now=100.0)
+    assert guard.stuck_at() == 103.0
+    assert guard.stuck(102.9) is None and guard.stuck_at() == 103.0
+    assert guard.end(generation, 2)
+    assert guard.stuck_at() is None
+    guard.begin(generation + 7, 1, now=200.0)  # a thread given up on: not the read in progress
+    assert guard.stuck_at() is None
+    guard.begin(generation, 1, now=200.0)
+    assert guard.stuck(203.0) == (1, generation + 1)
+    assert guard.stuck_at() is None and guard.held(1)  # given up on: nothing in progress until the next
+
+
+def _context_switches(thread: threading.Thread) -> int:
+    with open(f"/proc/self/task/{thread.native_id}/status", encoding="ascii") as status:
+        return sum(int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt_switches"))
+
+
+def test_the_watchdog_sleeps_stuck_after_and_gives_up_on_a_read_when_it_becomes_stuck() -> None:
+    """While no read hangs, the watchdog wakes about once per stuck_after (not twice); a read that
+    hangs is given up on about stuck_after after it began (not up to a period later). Generous bounds:
+    real threads on a shared machine."""
+    simulation = Simulation(parse_scenario("name: three\ngpus: [{utilization: 0.9}, {utilization: 0.9}, "
+                                           "{utilization: 0.9}]\n", source="three"), spawn_processes=False)
+    simulation.install()
+    stuck_after = 1.0
+    sampler = Sampler(Nvml(), ProcessInspector(host_pid_namespace=True), interval_seconds=0.1,
+                      stuck_after_seconds=stuck_after)
+    hang, release = threading.Event(), threading.Event()
+    hung_at: list[float] = []
+    given_up_at: list[float] = []
+    read, start_thread = sampler._nvml.read, sampler._start_thread
+
+    def hanging_read(device: boundary.NvmlDevice) -> DeviceReadings | None:
+        if device.identity.index == 1 and hang.is_set() and not hung_at:
+            hung_at.append(time.monotonic())
+            release.wait(10)
+        return read(device)
+
+    def recording_start_thread(generation: int) -> None:
+        given_up_at.append(time.monotonic())
+        start_thread(generation)
+
+    sampler._nvml.read = hanging_read  # type: ignore[method-assign]
+    sampler._start_thread = recording_start_thread  # type: ignore[method-assign]
+    try:
+        sampler.start()
+        given_up_at.clear()  # the first sampler thread's start
+        assert sampler._watchdog is not None
+        time.sleep(0.2)
+        before = _context_switches(sampler._watchdog)
+        time.sleep(4 * stuck_after)
+        woken = _context_switches(sampler._watchdog) - before
+        assert woken <= 6, f"the watchdog woke {woken} times in {4 * stuck_after:g} s"  # 8 at stuck_after/2
+        hang.set()
+        deadline = time.monotonic() + 10
+        while not given_up_at and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert hung_at and given_up_at, "the hanging read was never given up on"
+        took = given_up_at[0] - hung_at[0]
+        assert stuck_after - 0.01 <= took < stuck_after + 0.4, f"given up on after {took:.3f} s"
     finally:
         release.set()
         sampler.stop()

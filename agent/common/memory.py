@@ -1,8 +1,10 @@
-"""Giving freed memory back to the system after a large, rare allocation (a profiler trace).
+"""Giving freed memory back to the system after a large, rare allocation (a profiler trace), and
+once the agent has started.
 
 glibc keeps freed heap memory for reuse: after a 100 MiB trace was received and stored, the agent's
 RSS stayed ~75 MiB higher until the next capture. ``malloc_trim(0)`` returns the free pages at the
-top of the heap and in its arenas; it costs about a millisecond and runs once per capture. Other C
+top of the heap and in its arenas; it costs about a millisecond and runs once per capture, and once
+after start-up (what loading and building the agent freed, about 1 MiB). Other C
 libraries (musl) have no such call: nothing is done there.
 """
 

@@ -94,6 +94,9 @@ class NvmlDevice:
         # Whether a samples call has succeeded yet: until then the driver's whole buffer is new to us.
         self.samples_read = False
         self.process_samples_read = False
+        # The process lists were read and empty, this tick and the one before (see _process_utilization).
+        self.listed_none = False
+        self.listed_none_before = False
         self.pcie_counters: bool | None = None  # None until probed
         self.gpm_samples: list[Any] | None = None  # [previous, current] buffers, allocated on first use
         self.gpm_previous_at: float | None = None
@@ -358,8 +361,14 @@ class Nvml:
 
     def _processes(self, device: NvmlDevice) -> list[RawProcess]:
         h = device.handle
-        compute = self._query(device, "processes", _running_processes, h, "compute") or []
-        graphics = self._query(device, "graphics_processes", _running_processes, h, "graphics") or []
+        compute = self._query(device, "processes", _running_processes, h, "compute")
+        graphics = self._query(device, "graphics_processes", _running_processes, h, "graphics")
+        # Listed none: both lists read (or not supported, hence empty for good), and empty.
+        device.listed_none_before, device.listed_none = device.listed_none, (
+            not compute and not graphics
+            and (compute is not None or "processes" in device.unsupported)
+            and (graphics is not None or "graphics_processes" in device.unsupported))
+        compute = compute or []
         if not graphics:
             return compute
         seen = {p.pid for p in compute}
@@ -369,6 +378,15 @@ class Nvml:
     def _process_utilization(self, device: NvmlDevice) -> dict[int, tuple[tuple[int, float], ...]] | None:
         if device.identity.mig_enabled:
             return None  # not available per MIG instance
+        if device.listed_none and device.listed_none_before and device.process_samples_read:
+            # Samples count only for the processes listed (busy_time.ProcessBusyTime), so a GPU that
+            # listed none this tick and the one before is not asked: an idle GPU costs one call less
+            # a tick. The call of the first tick with none moved the cursor past the samples of the
+            # processes listed until then; a process listed later gets its samples from there, all
+            # taken while it held the GPU, as they would have been had every tick asked. Until one
+            # call has worked it is made: whether the GPU keeps such samples at all (None) or none
+            # yet ({}) is not known.
+            return {}
         samples = self._query(device, "process_utilization", _new_process_samples, device)
         if samples is not None:
             device.process_samples_read = True

@@ -1,5 +1,10 @@
-"""The Xid watcher: one thread blocked in NVML's event wait, counting Xid errors per GPU (or, with a
-library whose wait polls, asking without waiting once a second)."""
+"""The Xid watcher: counts Xid errors per GPU.
+
+With a driver, one thread blocks in NVML's event wait, which sleeps in the kernel until an event comes.
+With a library whose wait polls inside (its thread wakes many times while it waits), that thread ends
+and the sampler asks for events without waiting once a tick instead (``polling``, ``poll``): no thread
+of its own and no wake-up beyond the tick's, for a count delayed by a sampling interval at most
+(after a failed check, the next comes 5 s later; a storm of events is taken 64 a tick)."""
 
 from __future__ import annotations
 
@@ -19,10 +24,14 @@ log = logging.getLogger(__name__)
 _WAIT_MS = 10_000
 # A driver's wait sleeps in the kernel: the waiting thread is woken once. A library whose wait wakes it
 # more often than this per second polls inside (NVIDIA's mock library does, 14 times a second, and its
-# runtime's other threads with it, at some 3 ms of CPU a second): it is then asked without waiting,
-# once every POLL_SECONDS, which costs next to nothing and delays a count by at most that long.
+# runtime's other threads with it, at some 3 ms of CPU a second): the thread then ends and the sampler
+# polls, which costs next to nothing.
 _POLLING_WAKEUPS_PER_S = 2.0
-POLL_SECONDS = 1.0
+# The most events one poll takes: a storm of Xids cannot hold a tick for long; the rest come next tick.
+POLL_MAX_EVENTS = 64
+# After a poll fails (other than by NVML shutting down), polls are skipped this long: retried, not
+# logged once a tick.
+_POLL_RETRY_SECONDS = 5.0
 
 
 class XidWatcher:
@@ -30,11 +39,20 @@ class XidWatcher:
         self._health = health
         self._nvml = nvml
         self._devices = devices
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the counts; and the event set's use against its freeing
         self._counts: dict[int, dict[int, int]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._event_set: Any = None
+        self._polling = False
+        self._polls_in_flight = 0  # at most 1 (the sampler skips a poll while one is stuck)
+        self._poll_again_at = 0.0  # monotonic: after a failed poll
+        self._ended = False  # NVML shut down under a poll: nothing more to ask
+
+    @property
+    def polling(self) -> bool:
+        """The library's event wait polls: the thread has ended, and ``poll`` is to be called each tick."""
+        return self._polling
 
     def start(self) -> bool:
         """Start watching; False when no GPU supports Xid events (nothing to watch)."""
@@ -46,27 +64,60 @@ class XidWatcher:
 
     def stop(self, timeout: float = 1.0) -> None:
         """Ask the thread to end and wait up to ``timeout`` for it; one blocked in NVML's event wait
-        ends when NVML shuts down, or is left to its daemon thread."""
+        ends when NVML shuts down, or is left to its daemon thread. The event set is freed once nothing
+        uses it: no thread waiting in it and no poll in flight (a poll stuck in NVML keeps it)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-            if not self._thread.is_alive() and self._event_set is not None:
-                self._nvml.free_event_set(self._event_set)
-                self._event_set = None
+        with self._lock:
+            if (self._thread is not None and self._thread.is_alive()) or self._polls_in_flight:
+                return
+            event_set, self._event_set = self._event_set, None
+        if event_set is not None:
+            self._nvml.free_event_set(event_set)
 
     def counts(self, gpu_index: int) -> dict[int, int]:
         """A copy of Xid code -> events seen on this GPU since start."""
         with self._lock:
             return dict(self._counts.get(gpu_index, {}))
 
-    def _run(self) -> None:
-        polling = drained = False
-        while not self._stop.is_set():
-            if polling and drained and self._stop.wait(POLL_SECONDS):  # events come back to back
+    def poll(self) -> None:
+        """Count the events that came since the last poll, asking without waiting (up to
+        POLL_MAX_EVENTS of them). Called by the sampler thread, under its read guard: the call can
+        hang like any NVML call."""
+        with self._lock:
+            if (not self._polling or self._ended or self._stop.is_set() or self._event_set is None
+                    or time.monotonic() < self._poll_again_at):
                 return
-            switches, wall = (0 if polling else _context_switches()), time.monotonic()
+            self._polls_in_flight += 1
+            event_set = self._event_set
+        try:
+            for _ in range(POLL_MAX_EVENTS):
+                event = self._nvml.wait_xid(event_set, self._devices, 0)
+                if event is None:
+                    return
+                self._count(*event)
+        except NvmlUnavailable:
+            log.debug("NVML shut down: no more Xid checks")
+            self._ended = True
+        except Exception:  # an NVML failure must not fail the tick, nor be logged once a tick
+            log.exception("Xid event check failed; retrying in %g s", _POLL_RETRY_SECONDS)
+            self._poll_again_at = time.monotonic() + _POLL_RETRY_SECONDS
+        finally:
+            with self._lock:
+                self._polls_in_flight -= 1
+
+    def _count(self, gpu: int, xid: int) -> None:
+        log.warning("GPU %d: Xid %d", gpu, xid)
+        with self._lock:
+            per_gpu = self._counts.setdefault(gpu, {})
+            per_gpu[xid] = per_gpu.get(xid, 0) + 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            switches, wall = _context_switches(), time.monotonic()
             try:
-                event = self._nvml.wait_xid(self._event_set, self._devices, 0 if polling else _WAIT_MS)
+                event = self._nvml.wait_xid(self._event_set, self._devices, _WAIT_MS)
             except NvmlUnavailable:
                 log.debug("NVML shut down: the Xid watcher stops")
                 return
@@ -75,19 +126,15 @@ class XidWatcher:
                 self._stop.wait(5.0)
                 continue
             waited = time.monotonic() - wall
-            woken = 0 if polling else _context_switches() - switches
-            if not polling and waited > 1.0 and woken > _POLLING_WAKEUPS_PER_S * waited:
-                polling = True
-                log.info("NVML's event wait polls (its thread woke %d times in %.1f s): checking for Xid "
-                         "events every %g s without waiting instead", woken, waited, POLL_SECONDS)
-            drained = event is None
-            if event is None:
-                continue
-            gpu, xid = event
-            log.warning("GPU %d: Xid %d", gpu, xid)
-            with self._lock:
-                per_gpu = self._counts.setdefault(gpu, {})
-                per_gpu[xid] = per_gpu.get(xid, 0) + 1
+            woken = _context_switches() - switches
+            if event is not None:
+                self._count(*event)
+            if waited > 1.0 and woken > _POLLING_WAKEUPS_PER_S * waited:
+                log.info("NVML's event wait polls (its thread woke %d times in %.1f s): the Xid watcher "
+                         "thread ends, and each sampling tick checks for Xid events without waiting",
+                         woken, waited)
+                self._polling = True  # the last thing this thread does: polls never overlap its wait
+                return
 
 
 def _context_switches() -> int:

@@ -1,0 +1,159 @@
+"""What a sampling tick costs beyond the NVML calls it makes, on a real NVML library (not a test).
+
+    python bench/nvml_floor.py --nvml-lib DIR [--seconds 30]    # DIR holds libnvidia-ml.so.1
+    python bench/nvml_floor.py                                  # the node's own NVML
+
+Any agent that reads these values pays for the calls; what gpuscope adds on top (pynvml's wrappers
+are counted with the calls) is its own. This runs the real sampler in this process and records,
+through pynvml, the calls one of its ticks makes (the steady state: after 12 ticks, when what a GPU
+does not support is no longer asked, and the Xid watcher knows whether the library's event wait
+polls, in which case each tick checks for Xid events). Then, once a second, in turns half a second
+apart:
+
+* ``tick``: the sampler's tick, as the agent's sampler thread runs it (listeners aside: the alert
+  rules cost another 0.2-0.3 ms for 8 GPUs, see ``bench/alerts.py``);
+* ``calls``: the recorded calls replayed as they were made, with nothing around them: the floor.
+
+Both are CPU time of this thread (``time.thread_time``), medians over ``--seconds``. A library does
+more for the first call on a GPU after a pause than for the next ones (NVIDIA's mock library, in
+Go, refreshes its state; a driver has its own caches), which a tick always pays once a second: the
+``calls, back to back`` figure repeats the replay at once, to show that part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# Ticks (one a second) before the calls are recorded: the Xid watcher's first event wait (10 s) tells
+# whether the library's wait polls, and then the sampler checks for Xid events each tick.
+WARMUP_TICKS = 12
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nvml-lib", metavar="DIR", help="directory holding the libnvidia-ml.so.1 to use")
+    parser.add_argument("--seconds", type=float, default=30.0, help="seconds measured (default 30)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    if args.nvml_lib and os.environ.get("_GPUSCOPE_FLOOR_LIB") != args.nvml_lib:
+        # The dynamic loader reads LD_LIBRARY_PATH when the process starts: run again with it set.
+        lib = str(Path(args.nvml_lib).resolve())
+        env = {**os.environ, "_GPUSCOPE_FLOOR_LIB": args.nvml_lib,
+               "LD_LIBRARY_PATH": os.pathsep.join(p for p in (lib, os.environ.get("LD_LIBRARY_PATH")) if p)}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    return measure(args.seconds, args.json)
+
+
+def measure(seconds: float, as_json: bool) -> int:
+    import pynvml
+
+    from gpuscope.host.processes import ProcessInspector
+    from gpuscope.nvml.boundary import Nvml
+    from gpuscope.sampler import Sampler
+
+    nvml = Nvml()
+    sampler = Sampler(nvml, ProcessInspector())
+    for _ in range(WARMUP_TICKS):
+        snapshot = sampler.tick()
+        time.sleep(1.0)
+    if not snapshot.nvml_up:
+        raise SystemExit("NVML is not available: is DIR/libnvidia-ml.so.1 there, or a driver installed?")
+    if not snapshot.gpus:
+        raise SystemExit("NVML lists no GPU")
+    calls = record_calls(pynvml, sampler.tick)
+    tick, replayed, warm = [], [], []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        started = time.thread_time()
+        sampler.tick()
+        tick.append(time.thread_time() - started)
+        time.sleep(0.5)
+        started = time.thread_time()
+        replay(pynvml, calls)
+        replayed.append(time.thread_time() - started)
+        started = time.thread_time()
+        replay(pynvml, calls)
+        warm.append(time.thread_time() - started)
+    sampler.stop()
+    nvml.shutdown()
+
+    gpus = len(snapshot.gpus)
+    figures: dict[str, Any] = {
+        "gpus": gpus,
+        "calls_per_tick": len(calls),
+        "calls_by_function": dict(Counter(name for name, _ in calls).most_common()),
+        "ticks": len(tick),
+        "tick_ms": statistics.median(tick) * 1e3,
+        "calls_ms": statistics.median(replayed) * 1e3,
+        "calls_back_to_back_ms": statistics.median(warm) * 1e3,
+    }
+    figures["gpuscope_ms"] = figures["tick_ms"] - figures["calls_ms"]
+    if as_json:
+        print(json.dumps(figures, indent=2))
+        return 0
+    print(f"{gpus} GPU(s), {len(calls)} NVML calls per tick ({len(calls) / gpus:.1f} per GPU), "
+          f"{len(tick)} ticks; CPU of this thread per tick, median:")
+    print(f"  tick                       {figures['tick_ms']:6.3f} ms")
+    print(f"  calls (the floor)          {figures['calls_ms']:6.3f} ms")
+    print(f"  calls, back to back        {figures['calls_back_to_back_ms']:6.3f} ms")
+    print(f"  gpuscope's own (tick - calls) {figures['gpuscope_ms']:6.3f} ms "
+          f"({figures['gpuscope_ms'] / gpus * 1e3:.0f} us per GPU)")
+    print("  calls: " + ", ".join(f"{name} x{n}" for name, n in figures["calls_by_function"].items()))
+    return 0
+
+
+def record_calls(pynvml: Any, tick: Callable[[], object]) -> list[tuple[str, tuple[Any, ...]]]:
+    """The pynvml functions (and their arguments) that one call of ``tick`` makes, in order."""
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+    originals = {name: value for name, value in vars(pynvml).items()
+                 if name.startswith(("nvmlDevice", "nvmlGpm", "nvmlEvent")) and callable(value)}
+
+    depth = [0]  # pynvml's functions call each other (a version's wrapper): the outermost call only
+    caller = threading.get_ident()  # not the Xid watcher's thread, waiting for events meanwhile
+
+    def recording(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            if threading.get_ident() != caller:
+                return function(*args)
+            if not depth[0]:
+                calls.append((name, args))
+            depth[0] += 1
+            try:
+                return function(*args)
+            finally:
+                depth[0] -= 1
+        return call
+
+    for name, function in originals.items():
+        setattr(pynvml, name, recording(name, function))
+    try:
+        tick()
+    finally:
+        for name, function in originals.items():
+            setattr(pynvml, name, function)
+    return calls
+
+
+def replay(pynvml: Any, calls: list[tuple[str, tuple[Any, ...]]]) -> None:
+    for name, args in calls:
+        # Not contextlib.suppress: its enter and exit would be counted as the calls' cost.
+        try:  # noqa: SIM105
+            getattr(pynvml, name)(*args)
+        except pynvml.NVMLError:
+            pass  # as in the boundary: a failing reading costs its call all the same
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
