@@ -163,7 +163,9 @@ class Agent:
         self.registry.register(WebCollector(self.http.rejections, self.web_config))
         self._stopped = False
 
-    def start(self) -> None:
+    def start(self, *, watchdog_thread: bool = True) -> None:
+        """Serve. ``watchdog_thread=False``: the sampler's watchdog is left to the caller's thread
+        (``run_until_signalled`` runs it on the main thread, which has nothing else to do)."""
         self.sampling.install()
         try:
             self.http.start()  # bind first: a busy port is a start-up error, before any thread runs
@@ -191,7 +193,7 @@ class Agent:
                 verdicts=self.capture_verdicts)
             self.alerts.add_listener(self.notifier)
             self.notifier.start()
-        self.sampler.start()
+        self.sampler.start(watchdog_thread=watchdog_thread)
         # Everything built so far lives as long as the process: move it out of the collector's
         # reach, so the garbage a scrape leaves behind triggers cheap collections, not 6-8 ms ones.
         gc.collect()
@@ -236,7 +238,8 @@ class Agent:
     def run_until_signalled(self) -> None:
         """Serve until SIGTERM or SIGINT, then stop (well within 2 s).
 
-        The main thread sleeps in one lock acquisition until then, with no timer waking it: Linux hands
+        The main thread runs the sampler's watchdog meanwhile (a thread fewer): between its rounds,
+        once per ``watchdog.stuck_after`` on a quiet node, it sleeps in a lock acquisition. Linux hands
         a signal sent to the process to its main thread, whose acquisition the signal interrupts to run
         the handler, and the handler releases the lock. A lock, not an Event: Event.set takes an inner
         lock that the interrupted thread may be holding, and a handler waiting on it would wait forever;
@@ -251,12 +254,23 @@ class Agent:
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            self.start()
-            serving.acquire()
+            self.start(watchdog_thread=False)
+            delay = self.settings.watchdog.stuck_after
+            while not serving.acquire(timeout=delay):
+                delay = self._watch_once()
         finally:
             self.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+    def _watch_once(self) -> float:
+        """One round of the sampler's watchdog; a failure is logged and the next round comes as usual."""
+        try:
+            return self.sampler.watch_once()
+        except Exception:  # the main thread must go on serving, and stop on a signal
+            log.exception("the NVML watchdog failed; trying again in %gs", self.settings.watchdog.stuck_after)
+            return self.settings.watchdog.stuck_after
 
 
 def build_webhook_auth(settings: Settings, web_config: WebConfigWatcher) -> WebhookAuth:

@@ -4,7 +4,8 @@ It owns NVML's lifecycle (lazy init with back-off while there is no driver), the
 state (energy resets, PCIe integration, idle dips, busy time, energy by process) and the process
 mapping, and publishes each new Snapshot by replacing one reference, so readers never block it and it
 never blocks on them. When NVML's event wait polls, each tick also checks for Xid events (see nvml.xid).
-A watchdog thread gives up on an NVML call that does not return (see read_guard).
+A watchdog (its own thread, or the agent's main thread) gives up on an NVML call that does not return
+(see read_guard).
 """
 
 from __future__ import annotations
@@ -168,10 +169,14 @@ class Sampler:
         """Called in the sampler thread with every new Snapshot; must be quick and must not raise."""
         self._listeners.append(listener)
 
-    def start(self) -> None:
+    def start(self, *, watchdog_thread: bool = True) -> None:
+        """Start sampling. ``watchdog_thread=False``: no watchdog thread; the caller runs the watchdog
+        instead, calling ``watch_once`` when it says (the agent's main thread, idle otherwise)."""
         self._progress_at = time.monotonic()
         self._start_thread(self._guard.next_generation())
-        self._watchdog = start_thread("gpuscope-watchdog", self._watch, health=self._health, source="nvml")
+        if watchdog_thread:
+            self._watchdog = start_thread("gpuscope-watchdog", self._watch, health=self._health,
+                                          source="nvml")
 
     def _start_thread(self, generation: int) -> None:
         self._thread = start_thread("gpuscope-sampler", lambda: self._run(generation), health=self._health,
@@ -201,31 +206,34 @@ class Sampler:
         return self._latest
 
     def _watch(self) -> None:
-        """The watchdog: gives up on an NVML call (a GPU read, the Xid check) that does not return (see
-        read_guard).
-
-        When it wakes with no call in progress it sleeps ``stuck_after``; with one in progress, until that
-        call will have run ``stuck_after``. A call that starts while it sleeps has run less than that when
-        it wakes, so every stuck call is given up on once it has run ``stuck_after`` (not up to a period
-        later), and a quiet node wakes the watchdog once per ``stuck_after``."""
-        stuck_after = self._guard.stuck_after_seconds
-        delay = stuck_after
+        """The watchdog thread: ``watch_once`` when it says, until the sampler stops."""
+        delay = self._guard.stuck_after_seconds
         while not self._stop.wait(delay):
-            now = time.monotonic()
-            found = self._guard.stuck(now)
-            if found is not None:
-                gpu, generation = found
-                if gpu == XID_CHECK_INDEX:
-                    log.warning("NVML's Xid event check has not returned for %gs: Xid events are not counted "
-                                "until it returns; the GPUs keep reporting", stuck_after)
-                else:
-                    log.warning("GPU %d: an NVML call has not returned for %gs: GPU %d is reported down and "
-                                "skipped until it returns; the other GPUs keep reporting", gpu, stuck_after,
-                                gpu)
-                self._start_thread(generation)
-            stuck_at = self._guard.stuck_at()
-            # (At least a millisecond: a read that became stuck just now is found by the next round.)
-            delay = stuck_after if stuck_at is None else max(stuck_at - now, 0.001)
+            delay = self.watch_once()
+
+    def watch_once(self) -> float:
+        """One round of the watchdog: gives up on an NVML call (a GPU read, the Xid check) that has not
+        returned within ``stuck_after`` (see read_guard); returns the seconds until the next round.
+
+        With no call in progress that is ``stuck_after``; with one, until that call will have run
+        ``stuck_after``. A call that starts in between has run less than that at the next round, so
+        every stuck call is given up on once it has run ``stuck_after`` (not up to a period later),
+        and on a quiet node the watchdog runs once per ``stuck_after``."""
+        stuck_after = self._guard.stuck_after_seconds
+        now = time.monotonic()
+        found = self._guard.stuck(now)
+        if found is not None:
+            gpu, generation = found
+            if gpu == XID_CHECK_INDEX:
+                log.warning("NVML's Xid event check has not returned for %gs: Xid events are not counted "
+                            "until it returns; the GPUs keep reporting", stuck_after)
+            else:
+                log.warning("GPU %d: an NVML call has not returned for %gs: GPU %d is reported down and "
+                            "skipped until it returns; the other GPUs keep reporting", gpu, stuck_after, gpu)
+            self._start_thread(generation)
+        stuck_at = self._guard.stuck_at()
+        # (At least a millisecond: a read that became stuck just now is found by the next round.)
+        return stuck_after if stuck_at is None else max(stuck_at - now, 0.001)
 
     def _run(self, generation: int) -> None:
         next_at = self._clock()

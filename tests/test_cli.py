@@ -212,9 +212,9 @@ def test_sigterm_stops_cleanly_within_two_seconds_and_reaps_helpers(tmp_path: Pa
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_the_idle_main_thread_wakes_for_sigterm_and_sigint(tmp_path: Path, signum: signal.Signals) -> None:
-    """The main thread sleeps with no timer until a signal comes: each of the two still stops the agent
-    within 2 s, however long it has been serving."""
-    with run_agent(tmp_path, "--simulate", "demo") as agent:
+    """The main thread sleeps until a signal comes, waking only for the watchdog's rounds (here once a
+    minute): each of the two still stops the agent within 2 s, however long it has been serving."""
+    with run_agent(tmp_path, "--simulate", "demo", env={"GPUSCOPE_WATCHDOG__STUCK_AFTER": "60s"}) as agent:
         agent.wait_for("/metrics", "gpu_up{")
         main_thread = Path(f"/proc/{agent.proc.pid}/task/{agent.proc.pid}/status")
 
