@@ -263,7 +263,6 @@ class Agent:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-
     def _watch_once(self) -> float:
         """One round of the sampler's watchdog; a failure is logged and the next round comes as usual."""
         try:

@@ -30,7 +30,7 @@ from gpuscope.common.durations import format_duration
 from gpuscope.common.process_labels import DEFAULT_MAX_PER_GPU, PROCESS_LABEL_CHOICES, ProcessLabel
 from gpuscope.common.sizes import format_size
 from gpuscope.common.unixfs import FileTooLargeError, read_bounded
-from gpuscope.config_environment import environment_problems, environment_values
+from gpuscope.config_environment import deep_merge, environment_problems, environment_values
 from gpuscope.control.config import ControlConfig
 
 ENVIRONMENT = "GPUSCOPE_* environment variables"
@@ -170,7 +170,7 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
         Settings.model_validate(env_values)  # the environment alone: its errors are named as its own
     except ValidationError as err:
         raise ConfigError(ENVIRONMENT, format_errors(err)) from err
-    merged = _deep_merge(_deep_merge(file_values, env_values), overrides or {})
+    merged = deep_merge(deep_merge(file_values, env_values), overrides or {})
     try:
         settings = Settings.model_validate(merged)
     except ValidationError as err:
@@ -206,13 +206,3 @@ def _cross_field_problems(settings: Settings) -> list[str]:
         problems.append("alerting.alertmanager.resend_interval: must be at least the sample interval "
                         f"({format_duration(settings.sample_interval)})")
     return problems
-
-
-def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out

@@ -110,18 +110,22 @@ def _place(values: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
         values = inner
     current = values.get(path[-1])
     if isinstance(current, dict) and isinstance(value, dict):
-        _merge(current, value)  # a section given whole and a section inside it given whole: both apply
+        # A section given whole and a section inside it given whole: both apply.
+        values[path[-1]] = deep_merge(current, value)
     else:
         values[path[-1]] = value
 
 
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> None:
-    """``top`` into ``base`` at every level: a key ``top`` sets wins, the others of ``base`` stay."""
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base`` at every level, as a new mapping: a key ``top`` sets wins, the others of
+    ``base`` stay."""
+    out = dict(base)
     for key, value in top.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
         else:
-            base[key] = value
+            out[key] = value
+    return out
 
 
 def _variables(model: type[BaseModel], prefix: str = PREFIX, path: tuple[str, ...] = ()

@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from local_agent import free_port, stop, wait_ready
+from local_agent import free_port, stop, wait_ready, write_config
 
 MIB = 2**20
 TICK = os.sysconf("SC_CLK_TCK")
@@ -124,19 +124,6 @@ def child_env(nvml_lib: str | None) -> dict[str, str]:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
             p for p in (str(Path(nvml_lib).resolve()), os.environ.get("LD_LIBRARY_PATH", "")) if p)
     return env
-
-
-def write_config(tmp: Path) -> Path:
-    """Defaults everywhere, with every path the agent writes under ``tmp``."""
-    config = {
-        "capture": {"store": {"root": str(tmp / "captures")},
-                    "kineto": {"trace_dir": str(tmp / "kineto-traces"),
-                               "socket_dir": str(tmp / "kineto-ipc")}},
-        "control": {"socket": str(tmp / "control" / "control.sock")},
-    }
-    path = tmp / "gpuscope.yaml"
-    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
-    return path
 
 
 def gpuscope_command(args: argparse.Namespace, tmp: Path, port: int) -> list[str]:

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from local_agent import free_port, stop, wait_ready
+from local_agent import free_port, stop, wait_ready, write_config
 
 REPO = Path(__file__).resolve().parent.parent
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -118,24 +118,10 @@ def get(url: str, accept: str | None = None, gzipped: bool = False) -> bytes:
         return gzip.decompress(body) if response.headers.get("Content-Encoding") == "gzip" else body
 
 
-
-def write_config(tmp: Path) -> Path:
-    """Defaults everywhere, the event log on, and every path the agent writes under ``tmp``."""
-    config = {
-        "alerting": {"event_log": {"path": str(tmp / "events.jsonl")}},
-        "capture": {"store": {"root": str(tmp / "captures")},
-                    "kineto": {"trace_dir": str(tmp / "kineto-traces"),
-                               "socket_dir": str(tmp / "kineto-ipc")}},
-        "control": {"socket": str(tmp / "control" / "control.sock")},
-    }
-    path = tmp / "gpuscope.yaml"
-    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
-    return path
-
-
 def agent_command(tmp: Path, args: argparse.Namespace, port: int) -> list[str]:
     python = [sys.executable, "-X", f"tracemalloc={args.frames}"] if args.tracemalloc else [sys.executable]
-    return [*python, "-c", BOOTSTRAP, str(tmp), "run", "--config", str(write_config(tmp)),
+    config = write_config(tmp, alerting={"event_log": {"path": str(tmp / "events.jsonl")}})  # every feature
+    return [*python, "-c", BOOTSTRAP, str(tmp), "run", "--config", str(config),
             "--simulate", args.scenario, "--sample-interval", str(args.interval),
             "--web.listen-address", f"127.0.0.1:{port}"]
 

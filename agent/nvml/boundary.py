@@ -94,9 +94,9 @@ class NvmlDevice:
         # Whether a samples call has succeeded yet: until then the driver's whole buffer is new to us.
         self.samples_read = False
         self.process_samples_read = False
-        # The process lists were read and empty, this tick and the one before (see _process_utilization).
-        self.listed_none = False
-        self.listed_none_before = False
+        # Ticks in a row whose process lists were read and empty, counted up to 2 (see
+        # _process_utilization).
+        self.ticks_listing_none = 0
         self.pcie_counters: bool | None = None  # None until probed
         self.gpm_samples: list[Any] | None = None  # [previous, current] buffers, allocated on first use
         self.gpm_previous_at: float | None = None
@@ -364,10 +364,10 @@ class Nvml:
         compute = self._query(device, "processes", _running_processes, h, "compute")
         graphics = self._query(device, "graphics_processes", _running_processes, h, "graphics")
         # Listed none: both lists read (or not supported, hence empty for good), and empty.
-        device.listed_none_before, device.listed_none = device.listed_none, (
-            not compute and not graphics
-            and (compute is not None or "processes" in device.unsupported)
-            and (graphics is not None or "graphics_processes" in device.unsupported))
+        listed_none = (not compute and not graphics
+                       and (compute is not None or "processes" in device.unsupported)
+                       and (graphics is not None or "graphics_processes" in device.unsupported))
+        device.ticks_listing_none = min(device.ticks_listing_none + 1, 2) if listed_none else 0
         compute = compute or []
         if not graphics:
             return compute
@@ -378,7 +378,7 @@ class Nvml:
     def _process_utilization(self, device: NvmlDevice) -> dict[int, tuple[tuple[int, float], ...]] | None:
         if device.identity.mig_enabled:
             return None  # not available per MIG instance
-        if device.listed_none and device.listed_none_before and device.process_samples_read:
+        if device.ticks_listing_none >= 2 and device.process_samples_read:
             # Samples count only for the processes listed (busy_time.ProcessBusyTime), so a GPU that
             # listed none this tick and the one before is not asked: an idle GPU costs one call less
             # a tick. The call of the first tick with none moved the cursor past the samples of the
