@@ -56,16 +56,27 @@ class SpinningNvml:
 
 
 class BlockingNvml(SpinningNvml):
-    """An event wait that sleeps until an event comes or its timeout ends, as a driver's does."""
+    """An event wait that sleeps until an event comes or its timeout ends, as a driver's does: one call
+    that lets the interpreter's lock go for its whole wait (``post`` wakes it)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.queued = threading.Condition(self.lock)
+        self.wake = threading.Lock()
+        self.wake.acquire()
+
+    def post(self, *events: tuple[int, int]) -> None:
+        with self.lock:
+            self.events += events
+        if self.wake.locked():
+            self.wake.release()
 
     def wait_xid(self, event_set: object, devices: list[Any], timeout_ms: int) -> tuple[int, int] | None:
-        with self.queued:
+        with self.lock:
             self.calls.append(timeout_ms)
-            self.queued.wait_for(lambda: self.events, timeout_ms / 1000)
+            if self.events:
+                return self.events.pop(0)
+        self.wake.acquire(timeout=timeout_ms / 1000)
+        with self.lock:
             return self.events.pop(0) if self.events else None
 
 
@@ -121,23 +132,36 @@ def test_the_event_set_is_not_freed_under_a_poll_in_flight() -> None:
     assert len(nvml.freed) == 1
 
 
-def test_a_driver_event_wait_keeps_its_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_driver_event_wait_keeps_its_thread_while_other_threads_keep_the_interpreter_busy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads spinning in Python make the waiting thread wait for the interpreter's lock on its way
+    back from each wait; those waits are not the library's wake-ups."""
     monkeypatch.setattr(xid, "_WAIT_MS", 1200)
     nvml = BlockingNvml()
+    done = threading.Event()
+
+    def spin() -> None:
+        while not done.is_set():
+            sum(range(1000))
+
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(4)]
+    for spinner in spinners:
+        spinner.start()
     watcher = XidWatcher(nvml, [])  # type: ignore[arg-type]
-    assert watcher.start()
-    thread = watcher._thread
-    assert thread is not None
     try:
-        wait_until(lambda: len(nvml.calls) >= 2)  # a whole wait went by, woken once
+        assert watcher.start()
+        thread = watcher._thread
+        assert thread is not None
+        wait_until(lambda: len(nvml.calls) >= 3)  # two whole waits went by, each woken once
         assert thread.is_alive() and not watcher.polling
-        with nvml.queued:
-            nvml.events += [(3, 94), (3, 94)]
-            nvml.queued.notify_all()
+        nvml.post((3, 94), (3, 94))
         wait_until(lambda: watcher.counts(3) == {94: 2})
         assert set(nvml.calls) == {1200}
     finally:
+        done.set()
         watcher.stop(timeout=2)
+        for spinner in spinners:
+            spinner.join(timeout=2)
     assert not thread.is_alive() and len(nvml.freed) == 1
 
 
