@@ -33,6 +33,7 @@ from gpuscope.exporters.pods import PodResourcesCollector
 from gpuscope.exporters.prometheus import SnapshotCollector
 from gpuscope.exporters.web import WebCollector
 from gpuscope.health import SourceHealth
+from gpuscope.listeners import SocketListeners
 from gpuscope.sampling import NodeSampling
 from gpuscope.systemd_notify import SystemdNotifier
 from gpuscope.web.server import AgentHttpServer
@@ -120,9 +121,12 @@ class Agent:
             if alerting.event_log.path is not None:
                 self.event_log = AlertEventLog(alerting.event_log, health=self.health)
                 self.alerts.add_listener(self.event_log)
+        # One thread waits on every listening socket: the HTTP port, the control API's socket until
+        # its first client, the Kineto daemon's (started by the first one added).
+        self.listeners = SocketListeners("gpuscope-listen", health=self.health)
         self.captures: Captures | None = build_captures(
             self._capture_settings(settings), snapshots=self.sampler, hostname=self.hostname,
-            health=self.health)
+            health=self.health, listeners=self.listeners)
         if self.simulation is not None and self.captures is not None:
             # The simulated processes poll this agent's Kineto daemon, as PyTorch jobs would, so that
             # captures can trace them (they start with the simulation, before the daemon: they retry).
@@ -148,10 +152,12 @@ class Agent:
             # gRPC is loaded when the control API gets its first client, unless remote clients
             # (control.tcp) expect it listening from the start.
             self.control = (self._control_server() if settings.control.tcp.enabled
-                            else OnDemandControlServer(settings.control, self._control_server))
+                            else OnDemandControlServer(settings.control, self._control_server,
+                                                       listeners=self.listeners))
         self.utilization_history = UtilizationHistory()  # the status page's sparklines
         self.sampler.add_listener(self.utilization_history.observe)
         self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler,
+                                    listeners=self.listeners,
                                     alerts=self.alerts, webhook=self.webhook,
                                     expected_gpus=settings.nvml.expected_gpus, health=self.health,
                                     max_requests=settings.web.max_requests, web_config=self.web_config,
@@ -233,6 +239,7 @@ class Agent:
             self.event_log.close(timeout=share(0.4))
         if self.captures is not None:
             self.captures.stop(timeout=share(0.5))
+        self.listeners.close(timeout=share(0.2))
         self.sampling.uninstall()
 
     def run_until_signalled(self) -> None:

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from gpuscope.common.process_labels import DEFAULT_MAX_PER_GPU, PROCESS_LABEL_CHOICES
 from gpuscope.exporters.process_series import ProcessSeries
@@ -231,10 +232,16 @@ def _gpu_families(snapshot: Snapshot) -> list[Metric]:
     slurm_info = GaugeMetricFamily("gpu_slurm_job_info", _HELP_SLURM_JOB_INFO,
                                    labels=(*GPU_LABELS, *SLURM_LABELS))
 
+    # (attribute, the family's samples.append, its sample's name) per reading: a GPU's readings share
+    # one labels dict and skip add_metric's, the bulk of a scrape's collection (nothing changes a
+    # sample's labels once collected).
+    appenders = [(attr, family.samples.append, family.name + ("_total" if family.type == "counter" else ""))
+                 for attr, family in readings]
     for gpu in snapshot.gpus:
         labels = (str(gpu.index), gpu.uuid)
+        gpu_labels = {"gpu": labels[0], "uuid": labels[1]}
         info.add_metric((*labels, gpu.name, gpu.pci_bus_id, driver_version), 1)
-        up.add_metric(labels, 1 if gpu.up else 0)
+        up.samples.append(Sample("gpu_up", gpu_labels, 1 if gpu.up else 0, None))
         for pod in gpu.pods:  # allocations hold while a GPU is unreadable: still exported
             pod_info.add_metric((*labels, *_pod_label_values(pod)), 1)
         # Counters must not vanish while the GPU is known, even when it cannot be read right now.
@@ -242,15 +249,18 @@ def _gpu_families(snapshot: Snapshot) -> list[Metric]:
             xid.add_metric((*labels, str(code)), gpu.xid_errors[code])
         if not gpu.up:
             continue
-        for attr, family in readings:
+        for attr, append, sample_name in appenders:
             value = getattr(gpu, attr)
             if value is not None:
-                family.add_metric(labels, value)
+                append(Sample(sample_name, gpu_labels, value, None))
         reasons = gpu.clock_event_reasons
         if reasons is not None:
+            gpu_label, uuid = labels
             for reason in _CLOCK_EVENT_NAMES:
-                clock_events.add_metric((*labels, reason), 1 if reason in reasons else 0)
-        processes.add_metric(labels, sum(1 for p in gpu.processes if p.kind == "compute"))
+                clock_events.samples.append(Sample("gpu_clock_event_active", {
+                    "gpu": gpu_label, "uuid": uuid, "reason": reason}, 1 if reason in reasons else 0, None))
+        processes.samples.append(Sample("gpu_processes", gpu_labels,
+                                        sum(1 for p in gpu.processes if p.kind == "compute"), None))
         for job_labels in _slurm_job_label_values(gpu.processes):
             slurm_info.add_metric((*labels, *job_labels), 1)
 

@@ -567,3 +567,48 @@ def test_alerts_json_source_error_is_500_without_details(alerting_agent: tuple[A
 
 def test_index_page_links_the_alerts(agent: Agent) -> None:
     assert b'href="/api/v1/alerts"' in agent.request("/")[2]
+
+
+class _CountingStream:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self.writes.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("body", [[b"first part, ", b"second part"], [b"one part"], []])
+def test_a_response_goes_out_with_its_head_in_one_write(body: list[bytes]) -> None:
+    """The status line and headers are sent with the body's first part (or alone, without a body),
+    not as wsgiref's four writes; the bytes are wsgiref's own."""
+    import io
+    import types
+    from wsgiref.handlers import SimpleHandler
+
+    from gpuscope.web import server as web_server
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return body
+
+    environ = {"REQUEST_METHOD": "GET", "SERVER_PROTOCOL": "HTTP/1.1", "SERVER_NAME": "x", "SERVER_PORT": "1"}
+    ours, theirs = _CountingStream(), _CountingStream()
+    handler = web_server._ServerHandler(io.BytesIO(), ours, io.StringIO(), dict(environ))
+    handler.request_handler = types.SimpleNamespace(log_request=lambda *args: None)  # type: ignore[attr-defined]
+    handler.run(app)
+
+    class Plain(SimpleHandler):
+        server_software = web_server.SERVER_NAME
+        origin_server = True
+        http_version = "1.0"
+
+    Plain(io.BytesIO(), theirs, io.StringIO(), dict(environ)).run(app)
+    assert len(theirs.writes) >= 3  # wsgiref alone: the status line, Date, Server, headers, ...
+    assert len(ours.writes) == 1 + max(len(body) - 1, 0)  # the head travels with the first part
+    dateless = re.compile(rb"Date: [^\r]*\r\n")
+    assert dateless.sub(b"", b"".join(ours.writes)) == dateless.sub(b"", b"".join(theirs.writes))
+    assert b"".join(ours.writes).startswith(b"HTTP/1.0 200 OK\r\n")

@@ -19,6 +19,7 @@ from gpuscope.capture.store import CaptureStore, CaptureStoreError, CaptureStore
 from gpuscope.capture.targets import TargetResolver
 from gpuscope.capture.tsl import TslProfilerBackend
 from gpuscope.health import SourceHealth
+from gpuscope.listeners import SocketListeners
 from gpuscope.snapshot import SnapshotSource
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,11 @@ class Captures:
 
 
 def build_captures(config: CaptureConfig, *, snapshots: SnapshotSource, hostname: str,
-                   health: SourceHealth | None = None) -> Captures | None:
+                   health: SourceHealth | None = None,
+                   listeners: SocketListeners | None = None) -> Captures | None:
     """The capture service, or None (logged once) when captures are off or the store is unusable:
-    a node that cannot store traces still samples, exports and alerts."""
+    a node that cannot store traces still samples, exports and alerts. ``listeners``: the thread that
+    waits on the Kineto daemon's socket (by default one of its own)."""
     if not config.enabled:
         return None
     try:
@@ -71,7 +74,7 @@ def build_captures(config: CaptureConfig, *, snapshots: SnapshotSource, hostname
         return None
     # The node's Kineto on-demand daemon: PyTorch jobs started with KINETO_USE_DAEMON=1 register here.
     kineto = KinetoDaemon(trace_dir=config.kineto.trace_dir, socket_dir=config.kineto.socket_dir,
-                          health=health)
+                          health=health, listeners=listeners)
     backends: dict[str, CaptureBackend] = {
         "tsl": TslProfilerBackend(max_trace_bytes=config.max_trace_bytes),
         "kineto": KinetoBackend(kineto, hostname=hostname, max_trace_bytes=config.max_trace_bytes)}

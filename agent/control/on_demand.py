@@ -1,11 +1,12 @@
 """The control API's Unix socket, served by gRPC from its first client on.
 
 A gRPC server costs the agent some 20 MiB, seven threads and their wake-ups, whether anyone calls it
-or not, and on most nodes nobody does for days. So the agent first listens on the socket itself (one
-thread blocked in poll(), no wake-ups): the first client that connects starts the real server, whose
-socket replaces this one at the same path in one rename, with the same mode (the same clients may
-connect; the mode is the API's permission). From then on clients reach gRPC directly; the connections
-accepted here before the switch are relayed to it, byte for byte, until they close.
+or not, and on most nodes nobody does for days. So the agent first listens on the socket itself, on
+the thread that waits on its other listening sockets (``gpuscope.listeners``; no wake-ups): the
+first client that connects starts the real server, whose socket replaces this one at the same path
+in one rename, with the same mode (the same clients may connect; the mode is the API's permission).
+From then on clients reach gRPC directly; the connections accepted here before the switch are
+relayed to it, byte for byte, until they close.
 
 With ``control.tcp`` configured the server starts at once instead (remote clients expect it up).
 """
@@ -27,6 +28,7 @@ from gpuscope.common.unixfs import same_file
 from gpuscope.control.config import ControlConfig
 from gpuscope.control.errors import ControlServerError
 from gpuscope.control.socket_dir import place_socket, prepare_socket_dir
+from gpuscope.listeners import SocketListeners
 from gpuscope.threads import start_thread
 
 log = logging.getLogger(__name__)
@@ -44,14 +46,15 @@ class StartableServer(Protocol):
 class OnDemandControlServer:
     """Holds the control socket until a client comes, then hands it to the server ``build`` makes."""
 
-    def __init__(self, config: ControlConfig, build: Callable[[], StartableServer]) -> None:
+    def __init__(self, config: ControlConfig, build: Callable[[], StartableServer], *,
+                 listeners: SocketListeners | None = None) -> None:
         self._config = config
         self._build = build
         self._listener: socket.socket | None = None
         self._identity: tuple[int, int] | None = None
         self._server: StartableServer | None = None
-        self._wake_reader, self._wake_writer = -1, -1
-        self._thread: threading.Thread | None = None
+        self._own_listeners = listeners is None  # else shared with the agent's other sockets
+        self._listeners = listeners if listeners is not None else SocketListeners("gpuscope-control")
         self._lock = threading.Lock()
         self._stopping = False
         self.tcp_port: int | None = None  # no TCP listener: it is served by ControlServer directly
@@ -69,46 +72,35 @@ class OnDemandControlServer:
         path = self._config.socket
         prepare_socket_dir(path)
         self._listener, self._identity = _listen(path, self._config.socket_mode)
-        self._wake_reader, self._wake_writer = os.pipe()
-        self._thread = start_thread("gpuscope-control", self._wait)
+        self._listeners.add(self._listener, self._first_client)
         log.info("control API (gpuscope.v1.Agent) listening on unix:%s (gRPC starts with the first client)",
                  path)
 
     def stop(self, grace: float | None = 1.0) -> None:
         with self._lock:
             self._stopping = True
+        listener = self._listener
+        if listener is not None:
+            self._listeners.remove(listener)  # returns once a first client's start is over
+        if self._own_listeners:
+            self._listeners.close(5.0)
+        with self._lock:
             server = self._server
-        if self._wake_writer >= 0:
-            with contextlib.suppress(OSError):
-                os.write(self._wake_writer, b"x")
-        if self._thread is not None:
-            self._thread.join(5.0)
         if server is not None:
             server.stop(grace)
         elif self._identity is not None and same_file(self._config.socket, self._identity):
             with contextlib.suppress(OSError):
                 os.unlink(self._config.socket)
         self._close_listener()
-        for fd in (self._wake_reader, self._wake_writer):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._wake_reader = self._wake_writer = -1
 
-    # ------------------------------------------------------------ the waiting thread
+    # ------------------------------------------------------------ on the listeners' thread
 
-    def _wait(self) -> None:
+    def _first_client(self) -> None:
+        """A client is waiting on the socket: start gRPC at its path, relay what came before."""
         listener = self._listener
-        assert listener is not None
-        poller = select.poll()
-        poller.register(listener, select.POLLIN)
-        poller.register(self._wake_reader, select.POLLIN)
-        while True:
-            ready = {fd for fd, _ in poller.poll()}
-            if self._wake_reader in ready:
-                return
-            if listener.fileno() in ready:
-                break
+        if listener is None:
+            return
+        self._listeners.remove(listener)  # once: gRPC takes over the path, or the API stays off
         try:
             with self._lock:
                 if self._stopping:
@@ -129,6 +121,7 @@ class OnDemandControlServer:
                 break
             except OSError:
                 break
+            client.setblocking(True)
             start_thread("gpuscope-control-relay", functools.partial(_relay, client, self._config.socket))
         self._close_listener()
 

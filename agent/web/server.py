@@ -5,8 +5,9 @@ Limits, as Go's net/http and Prometheus's exporter-toolkit set them:
 
 * the request line and headers together at most ``MAX_HEADER_BYTES`` (1 MiB), else 431 before any
   more is read;
-* at most ``max_requests`` connections handled at once; one more is answered 503 at once and closed,
-  so a flood costs a short write, not a thread;
+* at most ``max_requests`` connections handled at once, each on a thread of its own (threads that
+  are done wait a while for the next connection, see ``workers``); one more is answered 503 at once
+  and closed, so a flood costs a short write, not a thread;
 * a client that sends nothing for ``REQUEST_TIMEOUT_SECONDS`` is dropped;
 * the listen backlog is the kernel's ``somaxconn``, so a burst of scrapers waits in the queue instead
   of having its connections dropped (and retried seconds later);
@@ -23,7 +24,6 @@ import contextlib
 import errno
 import http.client
 import logging
-import selectors
 import socket
 import ssl
 import threading
@@ -39,8 +39,8 @@ from gpuscope.alerts.model import AlertSource
 from gpuscope.capture.store import CaptureStore
 from gpuscope.common.addresses import parse_host_port
 from gpuscope.health import SourceHealth
+from gpuscope.listeners import SocketListeners
 from gpuscope.snapshot import SnapshotSource
-from gpuscope.threads import start_thread
 from gpuscope.web.access import AccessControl
 from gpuscope.web.app import WEBHOOK_PATH, AgentApp, WebhookHandler
 from gpuscope.web.rejections import Rejections
@@ -48,6 +48,7 @@ from gpuscope.web.tls_context import peer_sans
 from gpuscope.web.utilization_history import UtilizationHistory
 from gpuscope.web.web_config import OPEN, WebConfigWatcher, WebSecurity
 from gpuscope.web.webhook_auth import WebhookAuth
+from gpuscope.web.workers import ConnectionWorkers
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,46 @@ class ListenError(OSError):
 
 
 class _ServerHandler(ServerHandler):
+    """wsgiref's handler, sending the status line and headers with the body's first part in one
+    write (wsgiref writes each of them apart: four trips through the network stack per response)."""
+
     server_software = SERVER_NAME
+    _head: list[bytes] | None = None  # what send_headers wrote, not yet sent
+    _writing_head = False
+
+    def send_headers(self) -> None:
+        self._head, self._writing_head = [], True
+        try:
+            super().send_headers()  # its _write calls land in _head
+        finally:
+            self._writing_head = False
+
+    def _write(self, data: bytes) -> None:
+        head = self._head
+        if head is None:
+            super()._write(data)
+        elif self._writing_head:
+            head.append(data)
+        else:  # the first part of the body: sent with the head, all at once
+            self._head = None
+            head.append(data)
+            super()._write(b"".join(head))
+
+    def finish_content(self) -> None:
+        super().finish_content()
+        self._send_head()  # a response without a body: its headers alone
+
+    def close(self) -> None:
+        try:
+            self._send_head()
+        finally:
+            super().close()
+
+    def _send_head(self) -> None:
+        head, self._head = self._head, None
+        if head:
+            super()._write(b"".join(head))
+            self._flush()
 
 
 class _HeaderBudget:
@@ -144,7 +184,6 @@ class _RequestHandler(WSGIRequestHandler):
 class _ThreadingWsgiServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a stuck client must not block stop()
     block_on_close = False
-    timeout = 1.0  # bounds handle_request() when a ready connection is gone before accept()
 
     request_queue_size = somaxconn()
 
@@ -158,29 +197,27 @@ class _ThreadingWsgiServer(ThreadingMixIn, WSGIServer):
         self._security = security
         self._tls = security().tls  # fixed for the server's life: a reload cannot turn TLS on or off
         self._rejections = rejections or Rejections()
-        # serve_forever() notices shutdown() only at its next poll; a wake-up socket makes stop()
-        # immediate without waking the thread periodically while idle. (Created first: a failed
-        # bind below calls server_close(), which closes it.)
-        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._workers = ConnectionWorkers("gpuscope-http")  # a thread per connection, kept a while
         super().__init__(sockaddr, _RequestHandler)
+        # Accepted from the listeners' thread when ready: a connection gone before accept() must not
+        # block it (what is accepted is made blocking again, with the request timeout).
+        self.socket.setblocking(False)
 
-    def serve_until_woken(self) -> None:
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.socket, selectors.EVENT_READ)
-            selector.register(self._wake_reader, selectors.EVENT_READ)
-            while True:
-                ready = selector.select()
-                if any(key.fileobj is self._wake_reader for key, _ in ready):
-                    return
-                self.handle_request()
-
-    def wake(self) -> None:
-        self._wake_writer.send(b"\0")
+    def accept_ready(self) -> None:
+        """Accept the connection waiting (the listeners' handler); one that went away is ignored."""
+        try:
+            request, client_address = self.get_request()
+        except OSError:  # gone before accept(), or taken by another accept
+            return
+        try:
+            self.process_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+            self.shutdown_request(request)
 
     def server_close(self) -> None:
         super().server_close()
-        self._wake_reader.close()
-        self._wake_writer.close()
+        self._workers.close()
 
     def server_bind(self) -> None:
         if self._dual_stack:
@@ -205,7 +242,7 @@ class _ThreadingWsgiServer(ThreadingMixIn, WSGIServer):
             self.shutdown_request(request)
             return
         try:
-            super().process_request(request, client_address)
+            self._workers.submit(self.process_request_thread, request, client_address)
         except BaseException:
             self._slots.release()
             raise
@@ -276,11 +313,13 @@ _LISTEN_HINTS = {
 
 
 class AgentHttpServer:
-    """Serves the agent's endpoints on ``listen_address`` from a daemon thread.
+    """Serves the agent's endpoints on ``listen_address``, each connection on a thread of its own.
 
-    ``clock`` is the monotonic clock that readiness compares snapshot ages with (a parameter so
-    tests need not sleep). ``alerts`` is the rule engine, None when alerting is disabled. ``captures``,
-    ``history`` and ``simulated`` feed the status page and the capture endpoints (see ``app.AgentApp``).
+    ``listeners`` is the thread that waits on the listening socket, shared with the agent's other
+    listening sockets; by default one of its own, named gpuscope-http. ``clock`` is the monotonic
+    clock that readiness compares snapshot ages with (a parameter so tests need not sleep).
+    ``alerts`` is the rule engine, None when alerting is disabled. ``captures``, ``history`` and
+    ``simulated`` feed the status page and the capture endpoints (see ``app.AgentApp``).
     """
 
     def __init__(
@@ -288,6 +327,7 @@ class AgentHttpServer:
         listen_address: str,
         *,
         registry: CollectorRegistry,
+        listeners: SocketListeners | None = None,
         source: SnapshotSource,
         clock: Callable[[], float] = time.monotonic,
         alerts: AlertSource | None = None,
@@ -318,7 +358,8 @@ class AgentHttpServer:
         self._app = AccessControl(app, self.web_config.current, rejections=self.rejections,
                                   skip_auth=lambda path: webhook_on and path == WEBHOOK_PATH)
         self._server: _ThreadingWsgiServer | None = None
-        self._thread: threading.Thread | None = None
+        self._own_listeners = listeners is None
+        self._listeners = listeners if listeners is not None else SocketListeners("gpuscope-http")
 
     @property
     def listen_address(self) -> str:
@@ -339,19 +380,17 @@ class AgentHttpServer:
         server = _open_server(self._host, self._port, self._address, max_requests=self._max_requests,
                               security=self.web_config.current, rejections=self.rejections)
         server.set_app(self._app)
-        thread = start_thread("gpuscope-http", server.serve_until_woken)
-        self._server, self._thread = server, thread
+        self._server = server
+        self._listeners.add(server.socket, server.accept_ready)
         log.debug("serving HTTP on %s (bound to %s)", self._address, self.bound_address)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop serving and close the listening socket; requests in flight finish on their own."""
-        server, thread = self._server, self._thread
+        server = self._server
         if server is None:
             return
-        self._server = self._thread = None
-        server.wake()
-        if thread is not None:
-            thread.join(timeout)
+        self._server = None
+        self._listeners.remove(server.socket)
+        if self._own_listeners:
+            self._listeners.close(timeout)
         server.server_close()
-
-

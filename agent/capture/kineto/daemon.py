@@ -41,7 +41,6 @@ import contextlib
 import errno
 import logging
 import os
-import select
 import socket
 import threading
 import time
@@ -88,9 +87,13 @@ from gpuscope.common.unixfs import (
     same_file,
 )
 from gpuscope.health import SourceHealth
-from gpuscope.threads import start_thread
+from gpuscope.listeners import SocketListeners
 
 log = logging.getLogger(__name__)
+
+# Datagrams handled at one call of the listeners' handler: a flood of polls cannot hold up the
+# agent's other listening sockets (the HTTP port) for long; the rest are read at the next call.
+MAX_DATAGRAMS_AT_ONCE = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +150,11 @@ class KinetoDaemon:
     def __init__(self, *, socket_name: str = DEFAULT_SOCKET_NAME, socket_dir: str | Path | None = None,
                  trace_dir: str | Path | None = None, clock: Callable[[], float] = time.monotonic,
                  expire_after_s: float = 3 * DEFAULT_POLL_PERIOD_S, max_clients: int = 4096,
-                 health: SourceHealth | None = None) -> None:
+                 health: SourceHealth | None = None, listeners: SocketListeners | None = None) -> None:
         self.health = health
+        self._own_listeners = listeners is None  # else shared with the agent's other sockets
+        self._listeners = listeners if listeners is not None else SocketListeners(
+            "gpuscope-kineto", health=health, source="captures")
         if not socket_name or "/" in socket_name or "\x00" in socket_name or len(socket_name) > 100:
             raise ValueError(f"invalid Kineto daemon socket name {socket_name!r}")
         self.socket_name = socket_name
@@ -167,9 +173,7 @@ class KinetoDaemon:
         self._sock: socket.socket | None = None
         self._bound_inode: tuple[int, int] | None = None
         self._socket_dir_id: tuple[int, int] | None = None
-        self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._wake_reader = self._wake_writer = -1
         self._stats: dict[str, int] = dict.fromkeys(
             ("datagrams", "requests", "contexts", "malformed", "replies", "send_errors",
              "configs_delivered", "clients_dropped", "errors"), 0)
@@ -183,13 +187,13 @@ class KinetoDaemon:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._sock is not None and self._listeners.alive
 
     def start(self) -> None:
         """Binds the socket and starts serving. KinetoDaemonError when the address is already taken
         (another daemon, e.g. dynolog, serves this host) or a directory is unusable: the agent then
         runs without PyTorch on-demand captures."""
-        if self._thread is not None:
+        if self._sock is not None:
             raise KinetoDaemonError("the Kineto daemon is already started")
         prepare_trace_dir(self.trace_dir)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
@@ -198,32 +202,25 @@ class KinetoDaemon:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
             self._bind(sock)
-            sock.setblocking(False)  # the thread waits in poll(), on the socket and on its wake-up pipe
+            sock.setblocking(False)  # read when the listeners' thread finds it ready
         except BaseException:
             sock.close()
             raise
         remove_leftovers(self.trace_dir)  # only now: a second daemon refused above must not touch them
         self._sock = sock
         self._stop.clear()
-        self._wake_reader, self._wake_writer = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._thread = start_thread("gpuscope-kineto", self._serve, health=self.health, source="captures")
+        self._listeners.add(sock, self._receive)
         log.info("Kineto on-demand daemon listening on %s (traces under %s)", self.address, self.trace_dir)
 
     def stop(self, timeout: float = 1.0) -> None:
-        """Stops serving, closes (and for a file socket removes) the socket; idempotent. The receiving
-        thread is woken at once; ``timeout`` bounds the wait for it (a datagram being handled)."""
+        """Stops serving, closes (and for a file socket removes) the socket; idempotent. Waits for
+        the datagrams being handled; ``timeout`` bounds the wait for a thread of its own to end."""
         self._stop.set()
-        thread, self._thread = self._thread, None
-        if self._wake_writer >= 0:
-            with contextlib.suppress(OSError):
-                os.write(self._wake_writer, b"\0")
-        if thread is not None:
-            thread.join(timeout)
-        for fd in (self._wake_reader, self._wake_writer):
-            if fd >= 0:
-                os.close(fd)
-        self._wake_reader = self._wake_writer = -1
         sock, self._sock = self._sock, None
+        if sock is not None:
+            self._listeners.remove(sock)
+        if self._own_listeners:
+            self._listeners.close(timeout)
         if sock is not None:
             sock.close()
         if self.socket_dir is not None:
@@ -338,29 +335,24 @@ class KinetoDaemon:
             del self._clients[pid]
             self._last_finished.pop(pid, None)
 
-    # -- the receiving thread -------------------------------------------------------------------------
+    # -- on the listeners' thread -------------------------------------------------------------------------
 
-    def _serve(self) -> None:
+    def _receive(self) -> None:
+        """Handle the datagrams that came (the listeners' handler: the socket is ready), at most
+        MAX_DATAGRAMS_AT_ONCE of them: the rest come at the next call, after the other sockets'."""
         sock = self._sock
-        assert sock is not None
+        if sock is None:
+            return
         ancillary = socket.CMSG_SPACE(UCRED.size)
-        # Blocks until a datagram or stop(): no periodic wake-up (registrations expire when read).
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
-        poller.register(self._wake_reader, select.POLLIN)
-        while not self._stop.is_set():
+        for _ in range(MAX_DATAGRAMS_AT_ONCE):
             try:
                 data, ancdata, flags, address = sock.recvmsg(MAX_DATAGRAM + 1, ancillary)
-            except BlockingIOError:
-                poller.poll()
-                continue
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError as err:
-                if self._stop.is_set():
-                    break
                 self._count("errors")
                 log.debug("Kineto daemon: receive failed: %s", err)
-                time.sleep(0.05)
-                continue
+                return
             self._count("datagrams")
             try:
                 self._handle(sock, data, ancdata, flags, address)
