@@ -491,6 +491,32 @@ gpus:
     assert late.energy_joules_total <= at_end.energy_joules_total - before.energy_joules_total + 1e-6
 
 
+def test_a_library_answering_success_without_samples_is_read_as_none(
+        simulate: Any, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A size probe that answers SUCCESS with no samples (where a driver answers NOT_FOUND) makes
+    pynvml raise an error whose code is SUCCESS: that is no samples, not a failed reading, and an idle
+    GPU is then not asked every tick."""
+    simulate("""
+gpus:
+  - utilization: {level: 0.8}
+""")
+    calls: list[float] = []
+    real = pynvml.nvmlDeviceGetProcessUtilization
+
+    def like_nvidias_mock(handle: Any, cursor: int) -> Any:
+        calls.append(clock.now)
+        try:
+            return real(handle, cursor)
+        except pynvml.NVMLError_NotFound:
+            raise pynvml.NVMLError(pynvml.NVML_SUCCESS) from None
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetProcessUtilization", like_nvidias_mock)
+    sampler = make_sampler(clock)
+    snapshots = run(sampler, clock, until=8.0)
+    assert calls == [2.0]  # read (none), then skipped while the GPU lists no process
+    assert all("process_utilization" not in s.sample_errors for s in snapshots)
+
+
 # -- a real Prometheus scraping every 5 s -----------------------------------------------------------------
 
 SCRAPE_SECONDS = 5  # 2.5 wave periods: successive scrapes see the wave at different phases

@@ -5,19 +5,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
+from polling import wait_until
 
 from gpuscope.web.workers import ConnectionWorkers
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def test_jobs_one_after_the_other_share_one_thread_which_ends_when_idle() -> None:
@@ -51,13 +43,13 @@ def test_a_job_never_waits_behind_a_busy_one() -> None:
             assert event.wait(5)  # all three run at once, on three threads
         assert workers.threads == 3
         release.set()
-        wait_until(lambda: workers._idle == 3)
-        quick = [threading.Event() for _ in range(3)]
-        for event in quick:
-            workers.submit(event.set)
-        for event in quick:
-            assert event.wait(5)
-        assert workers.threads == 3  # the idle ones served them: no thread more
+        wait_until(lambda: workers.threads == 1)  # the burst is over: one waits for the next, two end
+        for _ in range(3):
+            quick = threading.Event()
+            workers.submit(quick.set)
+            assert quick.wait(5)
+            wait_until(lambda: workers._idle == 1)
+        assert workers.threads == 1  # it served them all
     finally:
         release.set()
         workers.close()

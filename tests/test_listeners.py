@@ -17,16 +17,10 @@ from pathlib import Path
 
 import pytest
 from agent_process import run_agent
+from polling import wait_until
 
 from gpuscope.capture.kineto.daemon import KinetoDaemon
 from gpuscope.listeners import SocketListeners
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def named(name: str) -> list[threading.Thread]:

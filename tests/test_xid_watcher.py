@@ -8,10 +8,10 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from polling import wait_until
 
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml import xid
@@ -78,13 +78,6 @@ class BlockingNvml(SpinningNvml):
         self.wake.acquire(timeout=timeout_ms / 1000)
         with self.lock:
             return self.events.pop(0) if self.events else None
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_a_polling_event_wait_ends_the_thread_and_each_poll_counts_what_came() -> None:

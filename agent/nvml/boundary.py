@@ -521,6 +521,12 @@ def _new_process_samples(device: NvmlDevice) -> dict[int, tuple[tuple[int, float
         samples = pynvml.nvmlDeviceGetProcessUtilization(device.handle, cursor)
     except pynvml.NVMLError_NotFound:
         return {}  # no process ran kernels since the cursor
+    except pynvml.NVMLError as err:
+        if err.value != pynvml.NVML_SUCCESS:
+            raise
+        # The size probe answered success with no samples (NVIDIA's mock library does), which
+        # pynvml's wrapper raises as an error: none to read, as NOT_FOUND says.
+        return {}
     rows = unpack(_PROCESS_SAMPLE_LAYOUT, pynvml.c_nvmlProcessUtilizationSample_t, samples)
     if rows is None:
         rows = [(int(s.pid), int(s.timeStamp), s.smUtil) for s in samples]

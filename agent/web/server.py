@@ -5,8 +5,8 @@ Limits, as Go's net/http and Prometheus's exporter-toolkit set them:
 
 * the request line and headers together at most ``MAX_HEADER_BYTES`` (1 MiB), else 431 before any
   more is read;
-* at most ``max_requests`` connections handled at once, each on a thread of its own (threads that
-  are done wait a while for the next connection, see ``workers``); one more is answered 503 at once
+* at most ``max_requests`` connections handled at once, each on a thread of its own (one thread that
+  is done waits a while for the next connection, see ``workers``); one more is answered 503 at once
   and closed, so a flood costs a short write, not a thread;
 * a client that sends nothing for ``REQUEST_TIMEOUT_SECONDS`` is dropped;
 * the listen backlog is the kernel's ``somaxconn``, so a burst of scrapers waits in the queue instead
