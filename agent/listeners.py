@@ -63,6 +63,7 @@ class SocketListeners:
                 self._selector = selectors.DefaultSelector()
                 self._wake_reader, self._wake_writer = socket.socketpair()
                 self._wake_reader.setblocking(False)
+                self._wake_writer.setblocking(False)  # never waits: a wake-up pending is enough
                 self._selector.register(self._wake_reader, selectors.EVENT_READ)
             self._selector.register(sock, selectors.EVENT_READ)
             self._handlers[sock.fileno()] = handler

@@ -6,7 +6,8 @@ the thread that waits on its other listening sockets (``gpuscope.listeners``; no
 first client that connects starts the real server, whose socket replaces this one at the same path
 in one rename, with the same mode (the same clients may connect; the mode is the API's permission).
 From then on clients reach gRPC directly; the connections accepted here before the switch are
-relayed to it, byte for byte, until they close.
+relayed to it, byte for byte, until they close. Starting gRPC takes the listening sockets' thread a
+fraction of a second, once: HTTP connections that come meanwhile wait in the listen queue.
 
 With ``control.tcp`` configured the server starts at once instead (remote clients expect it up).
 """
