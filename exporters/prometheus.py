@@ -255,10 +255,9 @@ def _gpu_families(snapshot: Snapshot) -> list[Metric]:
                 append(Sample(sample_name, gpu_labels, value, None))
         reasons = gpu.clock_event_reasons
         if reasons is not None:
-            gpu_label, uuid = labels
             for reason in _CLOCK_EVENT_NAMES:
-                clock_events.samples.append(Sample("gpu_clock_event_active", {
-                    "gpu": gpu_label, "uuid": uuid, "reason": reason}, 1 if reason in reasons else 0, None))
+                clock_events.samples.append(Sample("gpu_clock_event_active", {**gpu_labels, "reason": reason},
+                                                   1 if reason in reasons else 0, None))
         processes.samples.append(Sample("gpu_processes", gpu_labels,
                                         sum(1 for p in gpu.processes if p.kind == "compute"), None))
         for job_labels in _slurm_job_label_values(gpu.processes):

@@ -118,9 +118,7 @@ class OnDemandControlServer:
         while True:
             try:
                 client, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
+            except OSError:  # none left (BlockingIOError), or the socket failed
                 break
             client.setblocking(True)
             start_thread("gpuscope-control-relay", functools.partial(_relay, client, self._config.socket))

@@ -29,7 +29,6 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from socketserver import ThreadingMixIn
 from typing import Any, cast
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
@@ -181,10 +180,7 @@ class _RequestHandler(WSGIRequestHandler):
         """Log nothing per request: a 15 s scrape interval would flood the journal."""
 
 
-class _ThreadingWsgiServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a stuck client must not block stop()
-    block_on_close = False
-
+class _ThreadingWsgiServer(WSGIServer):
     request_queue_size = somaxconn()
 
     def __init__(self, family: socket.AddressFamily, sockaddr: tuple[Any, ...], dual_stack: bool, *,
@@ -248,9 +244,13 @@ class _ThreadingWsgiServer(ThreadingMixIn, WSGIServer):
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """Serve one connection on a connection thread, then give its slot back."""
         try:
-            super().process_request_thread(request, client_address)
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
         finally:
+            self.shutdown_request(request)
             self._slots.release()
 
     def finish_request(self, request: Any, client_address: Any) -> None:

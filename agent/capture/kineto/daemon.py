@@ -173,7 +173,6 @@ class KinetoDaemon:
         self._sock: socket.socket | None = None
         self._bound_inode: tuple[int, int] | None = None
         self._socket_dir_id: tuple[int, int] | None = None
-        self._stop = threading.Event()
         self._stats: dict[str, int] = dict.fromkeys(
             ("datagrams", "requests", "contexts", "malformed", "replies", "send_errors",
              "configs_delivered", "clients_dropped", "errors"), 0)
@@ -208,14 +207,12 @@ class KinetoDaemon:
             raise
         remove_leftovers(self.trace_dir)  # only now: a second daemon refused above must not touch them
         self._sock = sock
-        self._stop.clear()
         self._listeners.add(sock, self._receive)
         log.info("Kineto on-demand daemon listening on %s (traces under %s)", self.address, self.trace_dir)
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stops serving, closes (and for a file socket removes) the socket; idempotent. Waits for
         the datagrams being handled; ``timeout`` bounds the wait for a thread of its own to end."""
-        self._stop.set()
         sock, self._sock = self._sock, None
         if sock is not None:
             self._listeners.remove(sock)
