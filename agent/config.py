@@ -83,6 +83,10 @@ class NvmlConfig(Section):
     retry_max: Duration = Field(60.0, gt=0.0, le=3600.0, description="Retry back-off ceiling.")
     expected_gpus: int | None = Field(None, ge=1, le=1024, description=(
         "GPUs this node has: /-/ready fails while fewer are readable. Unset: whatever NVML lists."))
+    energy_interval: Duration = Field(10.0, ge=0.0, le=300.0, description=(
+        "Time between reads of each GPU's energy counter (0: every sample). The counter is exact however "
+        "seldom it is read, so reading it less often only makes its steps coarser, and a driver can spend "
+        "milliseconds of CPU on each read (some 5 ms on an H200), more than all other readings together."))
 
 
 class WatchdogConfig(Section):

@@ -16,6 +16,11 @@ class ResetSafeCounter:
         self._last: float | None = None
         self.total = 0.0
 
+    @property
+    def has_reading(self) -> bool:
+        """Whether the counter has been read at least once (``total`` means something)."""
+        return self._last is not None
+
     def update(self, raw: float) -> float:
         if self._last is None:
             self.total = raw

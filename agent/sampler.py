@@ -74,6 +74,7 @@ class _GpuState:
 
     dips: IdleDipCounter
     energy: ResetSafeCounter = field(default_factory=ResetSafeCounter)
+    energy_read_at: float | None = None  # when the energy counter was last asked for (sampler clock)
     pcie_tx: RateIntegrator = field(default_factory=RateIntegrator)
     pcie_rx: RateIntegrator = field(default_factory=RateIntegrator)
     busy: GpuBusyTime = field(default_factory=GpuBusyTime)
@@ -101,6 +102,7 @@ class Sampler:
         pods: PodLookup | None = None,
         health: SourceHealth | None = None,
         expected_gpus: int | None = None,
+        energy_interval_seconds: float = 0.0,
         stuck_after_seconds: float = 3.0,
         unhealthy_after_seconds: float = 30.0,
     ) -> None:
@@ -117,6 +119,9 @@ class Sampler:
         self._pods = pods or _no_pods
         self._health = health
         self._expected_gpus = expected_gpus
+        # A tick reads a GPU's energy counter once this much has passed since it last did. Ticks come
+        # a little early or late: half an interval of slack keeps "every 10 s" from becoming every 11.
+        self._energy_every = max(0.0, energy_interval_seconds - interval_seconds / 2)
         self._process_seconds = 0.0  # this tick's time in process mapping (part of every GPU's read)
 
         self._devices: list[NvmlDevice] = []
@@ -368,8 +373,9 @@ class Sampler:
             state.busy.interrupted()
             return self._down(device, xids)
         self._guard.begin(generation, ident.index, time.monotonic())
+        read_energy = state.energy_read_at is None or now - state.energy_read_at >= self._energy_every
         try:
-            raw: DeviceReadings | None = self._nvml.read(device)
+            raw: DeviceReadings | None = self._nvml.read(device, energy=read_energy)
         except GpuLostError as err:
             raw = None
             if not state.lost:
@@ -389,6 +395,8 @@ class Sampler:
         if state.lost:
             log.info("GPU %d (%s) is readable again", ident.index, ident.uuid)
             state.lost = False
+        if read_energy:
+            state.energy_read_at = now
         return self._to_reading(device, raw, state, xids, now)
 
     def _down(self, device: NvmlDevice, xids: dict[int, int]) -> GpuReading:
@@ -424,9 +432,12 @@ class Sampler:
                 tx, rx = raw.pcie.tx, raw.pcie.rx
             else:
                 tx, rx = state.pcie_tx.update(raw.pcie.tx, now), state.pcie_rx.update(raw.pcie.rx, now)
+        # Between two reads of the energy counter (nvml.energy_interval) the GPU keeps its last total, as
+        # does one whose read failed this tick; the split among processes waits for the next read.
         energy = raw.energy_counter_joules
-        energy_total = None if energy is None else state.energy.update(energy)
-        busy_by_pid, energy_by_pid = self._process_counters(raw, state, energy_total, now)
+        fresh_energy = None if energy is None else state.energy.update(energy)
+        energy_total = state.energy.total if state.energy.has_reading else None
+        busy_by_pid, energy_by_pid = self._process_counters(raw, state, fresh_energy, energy_total, now)
         processes = self._processes(raw, busy_by_pid, energy_by_pid)
         mask = raw.clock_event_mask
         return GpuReading(
@@ -462,10 +473,12 @@ class Sampler:
         return reasons
 
     @staticmethod
-    def _process_counters(raw: DeviceReadings, state: _GpuState, energy_total: float | None,
+    def _process_counters(raw: DeviceReadings, state: _GpuState, fresh_energy: float | None,
+                          energy_total: float | None,
                           now: float) -> tuple[dict[int, float] | None, dict[int, float] | None]:
         """Each listed process's busy seconds and energy so far: None where the GPU reports no
-        per-process samples (energy: or no energy either), all of its energy then being idle energy."""
+        per-process samples (energy: or no energy either), all of its energy then being idle energy.
+        ``fresh_energy``: the energy total if read this tick; ``energy_total``: the last one read."""
         per_pid = raw.new_process_samples
         busy_by_pid: dict[int, float] | None = None
         if per_pid is not None:
@@ -475,7 +488,7 @@ class Sampler:
             busy_by_pid = state.process_busy.update(
                 per_pid or {}, {proc.pid for proc in raw.nvml_processes},
                 from_history=raw.process_samples_from_history)
-        state.energy_split.update(energy_total, now, busy_by_pid or {})
+        state.energy_split.update(fresh_energy, now, busy_by_pid or {})
         if energy_total is None or busy_by_pid is None:
             return busy_by_pid, None
         return busy_by_pid, state.energy_split.by_pid

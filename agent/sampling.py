@@ -52,6 +52,7 @@ class NodeSampling:
             pods=self.pods.pods_for if self.pods is not None else None,
             health=self.health,
             expected_gpus=settings.nvml.expected_gpus,
+            energy_interval_seconds=settings.nvml.energy_interval,
             stuck_after_seconds=settings.watchdog.stuck_after,
             unhealthy_after_seconds=settings.watchdog.unhealthy_after,
         )

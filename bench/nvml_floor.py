@@ -7,14 +7,17 @@ Any agent that reads these values pays for the calls; what gpuscope adds on top 
 are counted with the calls) is its own. This runs the real sampler in this process and records,
 through pynvml, the calls one of its ticks makes (the steady state: after 12 ticks, when what a GPU
 does not support is no longer asked, and the Xid watcher knows whether the library's event wait
-polls, in which case each tick checks for Xid events). Then, once a second, in turns half a second
+polls, in which case each tick checks for Xid events). Then, every 1.5 s, in turns half a second
 apart:
 
 * ``tick``: the sampler's tick, as the agent's sampler thread runs it (listeners aside: the alert
-  rules cost another 0.2-0.3 ms for 8 GPUs, see ``bench/alerts.py``);
-* ``calls``: the recorded calls replayed as they were made, with nothing around them: the floor.
+  rules cost another 0.2-0.3 ms for 8 GPUs, see ``bench/alerts.py``), with the energy counter read
+  every ``nvml.energy_interval`` as in the agent (the median tick reads none; the mean includes them);
+* ``calls``: the recorded calls replayed as they were made, with nothing around them: the floor;
+* each call on its own, timed: the CPU each NVML function costs on this driver (the energy
+  counter's read included, whether or not the recorded tick made it).
 
-Both are CPU time of this thread (``time.thread_time``), medians over ``--seconds``. A library does
+All are CPU time of this thread (``time.thread_time``), medians over ``--seconds``. A library does
 more for the first call on a GPU after a pause than for the next ones (NVIDIA's mock library, in
 Go, refreshes its state; a driver has its own caches), which a tick always pays once a second: the
 ``calls, back to back`` figure repeats the replay at once, to show that part.
@@ -58,12 +61,14 @@ def main() -> int:
 def measure(seconds: float, as_json: bool) -> int:
     import pynvml
 
+    from gpuscope.config import NvmlConfig
     from gpuscope.host.processes import ProcessInspector
     from gpuscope.nvml.boundary import Nvml
     from gpuscope.sampler import Sampler
 
     nvml = Nvml()
-    sampler = Sampler(nvml, ProcessInspector())
+    # As the agent runs it: the energy counter read every nvml.energy_interval, not every tick.
+    sampler = Sampler(nvml, ProcessInspector(), energy_interval_seconds=NvmlConfig().energy_interval)
     for _ in range(WARMUP_TICKS):
         snapshot = sampler.tick()
         time.sleep(1.0)
@@ -72,6 +77,12 @@ def measure(seconds: float, as_json: bool) -> int:
     if not snapshot.gpus:
         raise SystemExit("NVML lists no GPU")
     calls = record_calls(pynvml, sampler.tick)
+    timed = list(calls)
+    if not any(name == "nvmlDeviceGetTotalEnergyConsumption" for name, _ in calls):
+        # The tick recorded did not read the energy counter (once per energy interval): the per-call
+        # figures cover it all the same.
+        timed += [("nvmlDeviceGetTotalEnergyConsumption", (device.handle,)) for device in nvml.devices()]
+    per_call: dict[str, list[float]] = {}
     tick, replayed, warm = [], [], []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -86,6 +97,8 @@ def measure(seconds: float, as_json: bool) -> int:
         started = time.thread_time()
         replay(pynvml, calls)
         warm.append(time.thread_time() - started)
+        time.sleep(0.5)  # each call as a tick finds it: after a pause
+        time_each(pynvml, timed, per_call)
     sampler.stop()
     nvml.shutdown()
 
@@ -96,21 +109,29 @@ def measure(seconds: float, as_json: bool) -> int:
         "calls_by_function": dict(Counter(name for name, _ in calls).most_common()),
         "ticks": len(tick),
         "tick_ms": statistics.median(tick) * 1e3,
+        "tick_mean_ms": statistics.mean(tick) * 1e3,
         "calls_ms": statistics.median(replayed) * 1e3,
         "calls_back_to_back_ms": statistics.median(warm) * 1e3,
     }
     figures["gpuscope_ms"] = figures["tick_ms"] - figures["calls_ms"]
+    # CPU per call of each function, median (one call's own cost, timer included: read the larger ones).
+    by_cost = sorted(per_call.items(), key=lambda kv: -statistics.median(kv[1]))
+    figures["call_ms_by_function"] = {name: round(statistics.median(times) * 1e3, 4)
+                                      for name, times in by_cost}
     if as_json:
         print(json.dumps(figures, indent=2))
         return 0
     print(f"{gpus} GPU(s), {len(calls)} NVML calls per tick ({len(calls) / gpus:.1f} per GPU), "
           f"{len(tick)} ticks; CPU of this thread per tick, median:")
-    print(f"  tick                       {figures['tick_ms']:6.3f} ms")
+    print(f"  tick                       {figures['tick_ms']:6.3f} ms "
+          f"(mean {figures['tick_mean_ms']:.3f}: with the energy counter's reads)")
     print(f"  calls (the floor)          {figures['calls_ms']:6.3f} ms")
     print(f"  calls, back to back        {figures['calls_back_to_back_ms']:6.3f} ms")
     print(f"  gpuscope's own (tick - calls) {figures['gpuscope_ms']:6.3f} ms "
           f"({figures['gpuscope_ms'] / gpus * 1e3:.0f} us per GPU)")
     print("  calls: " + ", ".join(f"{name} x{n}" for name, n in figures["calls_by_function"].items()))
+    print("  CPU per call, median: " + ", ".join(
+        f"{name} {ms:.3f} ms" for name, ms in figures["call_ms_by_function"].items()))
     return 0
 
 
@@ -153,6 +174,18 @@ def replay(pynvml: Any, calls: list[tuple[str, tuple[Any, ...]]]) -> None:
             getattr(pynvml, name)(*args)
         except pynvml.NVMLError:
             pass  # as in the boundary: a failing reading costs its call all the same
+
+
+def time_each(pynvml: Any, calls: list[tuple[str, tuple[Any, ...]]],
+              per_call: dict[str, list[float]]) -> None:
+    """Each call made on its own and timed, by function."""
+    for name, args in calls:
+        started = time.thread_time()
+        try:  # noqa: SIM105
+            getattr(pynvml, name)(*args)
+        except pynvml.NVMLError:
+            pass
+        per_call.setdefault(name, []).append(time.thread_time() - started)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 collectives) cannot come from the CPU builds of the frameworks this suite runs, so these traces are
 written here in the formats the frameworks write (Kineto's Chrome trace JSON, as PyTorch exports it
 with CUDA activity; XSpace, as TensorFlow and JAX write it) with a known share of each pattern, and
-read through the same readers as a real trace.
+read through the same readers as a real trace. One real trace, captured by the agent from a PyTorch
+job on an H200 (fixtures/traces), checks the whole on a GPU's own events.
 """
 
 from __future__ import annotations
@@ -391,3 +392,26 @@ def test_a_capture_of_start_up_says_so(tmp_path: Path) -> None:
     diagnosis = diagnose(trace.write(tmp_path / "t.json"))
     assert any(limit.startswith("The device's first activity comes 30.0 s into the trace: it recorded "
                                 "start-up") for limit in diagnosis.limits)
+
+
+REAL_TRACE = Path(__file__).parent / "fixtures" / "traces" / "h200_pytorch_input_loop.pt.trace.json.gz"
+
+
+def test_a_real_pytorch_trace_from_an_h200_is_host_sync_with_its_sync_points_counted() -> None:
+    # Captured by the agent through Kineto's on-demand protocol from a PyTorch job on an H200: each
+    # step makes its batch on the CPU, copies it to the GPU from pageable memory (x and y: each copy
+    # waits for the stream), runs four forward/backward passes of an MLP and reads the loss with
+    # .item(). The GPU idles while the host, held at the .item(), makes the next batch.
+    diagnosis = diagnose(read_kineto(REAL_TRACE))
+    assert format_diagnosis(diagnosis)
+    assert (diagnosis.framework, diagnosis.device, diagnosis.step_method) == ("pytorch", True, "markers")
+    assert diagnosis.steps >= 10
+    assert 80.0 <= diagnosis.mean_step_ms <= 120.0
+    assert diagnosis.verdict == "host_sync"
+    found = finding(diagnosis, "host_sync")
+    assert found.severity == "high"
+    assert 0.2 <= found.share <= 0.4
+    assert found.per_step == pytest.approx(3.0, abs=0.3)  # the .item() and the two pageable copies
+    assert {e.name for e in found.evidence} == {"aten::_local_scalar_dense", "cudaStreamSynchronize"}
+    assert diagnosis.breakdown["compute"] == pytest.approx(1.0 - found.share, abs=0.02)
+    assert diagnosis.breakdown["input"] < 0.01  # no DataLoader: nothing waits on one

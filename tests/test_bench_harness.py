@@ -51,3 +51,15 @@ def test_nvml_floor_measures_or_says_there_is_no_nvml(tmp_path: Path) -> None:
         assert "NVML calls per tick" in result.stdout, result.stdout
     else:
         assert "NVML is not available" in result.stderr, result.stderr
+
+
+def test_nvml_record_records_or_says_there_is_no_nvml(tmp_path: Path) -> None:
+    out = tmp_path / "recording.json"
+    result = run_bench("nvml_record.py", "--nvml-lib", str(tmp_path), "--out", str(out), "--reads", "2",
+                       "--interval", "0.1", timeout=120)
+    assert "Traceback" not in result.stderr, result.stderr
+    if result.returncode == 0:  # a machine with an NVIDIA driver: its answers are recorded
+        assert json.loads(out.read_text())["calls"], result.stdout
+    else:
+        assert "NVML is not available" in result.stderr, result.stderr
+        assert not out.exists()

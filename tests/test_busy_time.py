@@ -410,17 +410,18 @@ def test_gpm_seconds_follow_the_activity_the_gpm_intervals_cover(simulate: Any, 
     assert last.tensor_active_seconds_total == pytest.approx(0.5 * WAVE_MEAN * 40.0, abs=1e-4)
 
 
-def test_energy_splits_among_processes_and_idle_and_adds_up_every_tick(simulate: Any,
-                                                                       clock: ManualClock) -> None:
-    simulate("""
+# Train's kernels run 40% of the time (half of the GPU's 80%), eval's 20% until it stops at 20 s.
+TRAIN_AND_EVAL = """
 gpus:
   - utilization: {level: 0.8}
     processes:
       - {name: train, pid: 5001, sm_share: 0.5}
       - {name: eval, pid: 5002, sm_share: 0.25, stop: 20s}
-""")
-    sampler = make_sampler(clock)
-    snapshots = run(sampler, clock, until=40.0)
+"""
+
+
+def check_energy_adds_up_every_tick(snapshots: list[Snapshot]) -> None:
+    """From each snapshot to the next, the processes' energy and the idle energy add up to the GPU's."""
     for earlier, later in itertools.pairwise(snapshots):
         a, b = gpu(earlier), gpu(later)
         assert a.energy_joules_total is not None and b.energy_joules_total is not None
@@ -429,6 +430,43 @@ gpus:
         parts = sum((p.energy_joules_total or 0.0) - before.get(p.pid, 0.0) for p in b.processes)
         delta = b.energy_joules_total - a.energy_joules_total
         assert parts + b.idle_energy_joules_total - a.idle_energy_joules_total == pytest.approx(delta)
+
+
+def test_the_energy_counter_is_read_every_energy_interval_and_its_total_held_between_reads(
+        simulate: Any, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    simulate(TRAIN_AND_EVAL)
+    reads: list[float] = []
+    original = pynvml.nvmlDeviceGetTotalEnergyConsumption
+
+    def counted(handle: Any) -> Any:
+        reads.append(clock.now)
+        return original(handle)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption", counted)
+    sampler = Sampler(Nvml(clock=clock), ProcessInspector(host_pid_namespace=True), clock=clock,
+                      energy_interval_seconds=10.0)
+    # Ticks a little early and late, as a timer's are: still one read per 10 s, not one per 11.
+    start = clock.now
+    snapshots = run(sampler, clock, until=start + 40.0, steps=[0.98, 1.02])
+    assert reads == pytest.approx([start + 10.0 * n for n in range(5)], abs=0.05)
+    totals = [gpu(s).energy_joules_total for s in snapshots]
+    assert None not in totals  # held between reads, never missing from a snapshot
+    assert sum(1 for a, b in itertools.pairwise(totals) if a != b) == len(reads) - 1
+    check_energy_adds_up_every_tick(snapshots)
+    # The read at 10 s splits the ten seconds since the first one as per-tick reads would have.
+    at_10 = next(s for s in snapshots if gpu(s).energy_joules_total != totals[0])
+    by_pid = {p.pid: p.energy_joules_total or 0.0 for p in gpu(at_10).processes}
+    spent = (gpu(at_10).energy_joules_total or 0.0) - (totals[0] or 0.0)
+    assert by_pid[5001] / spent == pytest.approx(0.4, abs=0.01)
+    assert by_pid[5002] / spent == pytest.approx(0.2, abs=0.01)
+
+
+def test_energy_splits_among_processes_and_idle_and_adds_up_every_tick(simulate: Any,
+                                                                       clock: ManualClock) -> None:
+    simulate(TRAIN_AND_EVAL)
+    sampler = make_sampler(clock)
+    snapshots = run(sampler, clock, until=40.0)
+    check_energy_adds_up_every_tick(snapshots)
     # Until eval stops, train's kernels run 40% of the time (half of the GPU's 80%), eval's 20%:
     # 40% and 20% of the energy.
     at_19 = gpu(snapshots[17])

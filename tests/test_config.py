@@ -208,3 +208,10 @@ def test_an_empty_path_is_refused_not_read_as_the_working_directory(tmp_path: Pa
     config.write_text(yaml_text)
     with pytest.raises(ConfigError, match=rf"{re.escape(key)}: must not be empty"):
         load_settings(config)
+
+
+def test_energy_interval_defaults_to_10s_and_is_bounded(tmp_path: Path) -> None:
+    assert load_settings(write(tmp_path, "{}\n")).nvml.energy_interval == 10.0
+    assert load_settings(write(tmp_path, "nvml:\n  energy_interval: 0s\n")).nvml.energy_interval == 0.0
+    with pytest.raises(ConfigError, match=r"nvml\.energy_interval"):
+        load_settings(write(tmp_path, "nvml:\n  energy_interval: 10m\n"))

@@ -195,17 +195,18 @@ class Nvml:
 
     # ---------------------------------------------------------------- readings
 
-    def read(self, device: NvmlDevice) -> DeviceReadings:
-        """All of one GPU's readings for this tick. Raises GpuLostError if the GPU is gone."""
+    def read(self, device: NvmlDevice, *, energy: bool = True) -> DeviceReadings:
+        """All of one GPU's readings for this tick (the energy counter only with ``energy``: its read can
+        cost more than all the others). Raises GpuLostError if the GPU is gone."""
         try:
-            return self._read(device)
+            return self._read(device, energy)
         except GpuLostError:
             # GPM counters across the time the GPU was lost mean nothing: the next GPM sample after it
             # comes back starts afresh instead of closing an interval that spans the loss.
             device.gpm_previous_at = None
             raise
 
-    def _read(self, device: NvmlDevice) -> DeviceReadings:
+    def _read(self, device: NvmlDevice, read_energy: bool) -> DeviceReadings:
         if device.handle is None or not device.identity.uuid:
             try:
                 self.refresh_identity(device)
@@ -234,8 +235,9 @@ class Nvml:
         r.power_watts = None if power is None else power / 1000.0
         limit = query(device, "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
         r.power_limit_watts = None if limit is None else limit / 1000.0
-        energy = query(device, "energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
-        r.energy_counter_joules = None if energy is None else energy / 1000.0
+        if read_energy:
+            energy = query(device, "energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
+            r.energy_counter_joules = None if energy is None else energy / 1000.0
         temp = query(device, "temperature", pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
         r.temperature_celsius = None if temp is None else float(temp)
         sm = query(device, "sm_clock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
