@@ -75,6 +75,7 @@ class _GpuState:
     dips: IdleDipCounter
     energy: ResetSafeCounter = field(default_factory=ResetSafeCounter)
     energy_read_at: float | None = None  # when the energy counter was last asked for (sampler clock)
+    samples_read_at: float | None = None  # when the utilization samples were last asked for
     pcie_tx: RateIntegrator = field(default_factory=RateIntegrator)
     pcie_rx: RateIntegrator = field(default_factory=RateIntegrator)
     busy: GpuBusyTime = field(default_factory=GpuBusyTime)
@@ -103,6 +104,7 @@ class Sampler:
         health: SourceHealth | None = None,
         expected_gpus: int | None = None,
         energy_interval_seconds: float = 0.0,
+        samples_interval_seconds: float = 0.0,
         stuck_after_seconds: float = 3.0,
         unhealthy_after_seconds: float = 30.0,
     ) -> None:
@@ -122,6 +124,7 @@ class Sampler:
         # A tick reads a GPU's energy counter once this much has passed since it last did. Ticks come
         # a little early or late: half an interval of slack keeps "every 10 s" from becoming every 11.
         self._energy_every = max(0.0, energy_interval_seconds - interval_seconds / 2)
+        self._samples_every = max(0.0, samples_interval_seconds - interval_seconds / 2)
         self._process_seconds = 0.0  # this tick's time in process mapping (part of every GPU's read)
 
         self._devices: list[NvmlDevice] = []
@@ -374,8 +377,9 @@ class Sampler:
             return self._down(device, xids)
         self._guard.begin(generation, ident.index, time.monotonic())
         read_energy = state.energy_read_at is None or now - state.energy_read_at >= self._energy_every
+        read_samples = state.samples_read_at is None or now - state.samples_read_at >= self._samples_every
         try:
-            raw: DeviceReadings | None = self._nvml.read(device, energy=read_energy)
+            raw: DeviceReadings | None = self._nvml.read(device, energy=read_energy, samples=read_samples)
         except GpuLostError as err:
             raw = None
             if not state.lost:
@@ -397,6 +401,8 @@ class Sampler:
             state.lost = False
         if read_energy:
             state.energy_read_at = now
+        if read_samples:
+            state.samples_read_at = now
         return self._to_reading(device, raw, state, xids, now)
 
     def _down(self, device: NvmlDevice, xids: dict[int, int]) -> GpuReading:

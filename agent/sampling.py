@@ -53,6 +53,7 @@ class NodeSampling:
             health=self.health,
             expected_gpus=settings.nvml.expected_gpus,
             energy_interval_seconds=settings.nvml.energy_interval,
+            samples_interval_seconds=settings.nvml.samples_interval,
             stuck_after_seconds=settings.watchdog.stuck_after,
             unhealthy_after_seconds=settings.watchdog.unhealthy_after,
         )

@@ -40,7 +40,8 @@ class _Reading(NamedTuple):
 _GPU_EARLY_READINGS: tuple[_Reading, ...] = (
     _Reading("utilization_ratio", "gpu_utilization_ratio", False, "ratio",
              "Fraction of time (0-1) during which at least one kernel was running on the GPU, "
-             "the mean of the driver's utilization samples in the last sampling interval."),
+             "the mean of the driver's utilization samples since they were last read (every "
+             "nvml.samples_interval), else the driver's current rate."),
     _Reading("busy_seconds_total", "gpu_busy_seconds", True, "seconds",
              "Time during which at least one kernel was running on the GPU since the agent started, in "
              "seconds: the driver's utilization samples, each times its sample period. rate() of it is "

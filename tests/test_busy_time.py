@@ -357,6 +357,34 @@ def test_the_counter_holds_every_second_of_a_square_wave(simulate: Any, clock: M
     assert process.busy_seconds_total == pytest.approx(WAVE_MEAN * 40.0, abs=1e-5)
 
 
+def test_samples_read_every_samples_interval_lose_nothing(simulate: Any, clock: ManualClock,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    simulate(f"gpus: [{{utilization: {WAVE}, processes: [{{name: train, pid: 4242}}]}}]")
+    reads: list[float] = []
+    original = pynvml.nvmlDeviceGetSamples
+
+    def counted(handle: Any, sampling_type: int, last_seen: int) -> Any:
+        reads.append(clock.now)
+        return original(handle, sampling_type, last_seen)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSamples", counted)
+    sampler = Sampler(Nvml(clock=clock), ProcessInspector(host_pid_namespace=True), clock=clock,
+                      samples_interval_seconds=5.0)
+    start = clock.now
+    snapshots = run(sampler, clock, until=start + 40.0, steps=[0.98, 1.02])
+    assert reads == pytest.approx([start + 5.0 * n for n in range(9)], abs=0.05)
+    # Every sample the driver took is counted at the next read: the total is the wave's, exactly.
+    assert busy(snapshots[-1]) == pytest.approx(WAVE_MEAN * 40.0, abs=1e-5)
+    between = [s for s in snapshots if all(abs(clock_at - s.monotonic) > 0.05 for clock_at in reads)]
+    assert len(between) == len(snapshots) - len(reads)
+    # Between reads, the gauge is the driver's current rate and the busy counter waits.
+    assert all(gpu(s).utilization_samples == () and gpu(s).utilization_ratio is not None for s in between)
+    totals = [busy(s) for s in snapshots]
+    assert sum(1 for a, b in itertools.pairwise(totals) if a != b) == len(reads) - 1
+    (process,) = gpu(snapshots[-1]).processes
+    assert process.busy_seconds_total == pytest.approx(WAVE_MEAN * 40.0, abs=1e-5)  # read every tick
+
+
 def test_late_and_missed_ticks_count_the_same(simulate: Any, clock: ManualClock) -> None:
     simulate(f"gpus: [{{utilization: {WAVE}, processes: [{{name: train, pid: 4242}}]}}]")
     sampler = make_sampler(clock)

@@ -412,11 +412,11 @@ def test_the_watchdog_sleeps_stuck_after_and_gives_up_on_a_read_when_it_becomes_
     given_up_at: list[float] = []
     read, start_thread = sampler._nvml.read, sampler._start_thread
 
-    def hanging_read(device: boundary.NvmlDevice, *, energy: bool = True) -> DeviceReadings | None:
+    def hanging_read(device: boundary.NvmlDevice, **which: bool) -> DeviceReadings | None:
         if device.identity.index == 1 and hang.is_set() and not hung_at:
             hung_at.append(time.monotonic())
             release.wait(10)
-        return read(device, energy=energy)
+        return read(device, **which)
 
     def recording_start_thread(generation: int) -> None:
         given_up_at.append(time.monotonic())

@@ -195,18 +195,19 @@ class Nvml:
 
     # ---------------------------------------------------------------- readings
 
-    def read(self, device: NvmlDevice, *, energy: bool = True) -> DeviceReadings:
-        """All of one GPU's readings for this tick (the energy counter only with ``energy``: its read can
-        cost more than all the others). Raises GpuLostError if the GPU is gone."""
+    def read(self, device: NvmlDevice, *, energy: bool = True, samples: bool = True) -> DeviceReadings:
+        """All of one GPU's readings for this tick. The energy counter only with ``energy``, the
+        utilization samples only with ``samples`` (the first read takes them regardless): on some
+        drivers these two cost more than all the others. Raises GpuLostError if the GPU is gone."""
         try:
-            return self._read(device, energy)
+            return self._read(device, energy, samples)
         except GpuLostError:
             # GPM counters across the time the GPU was lost mean nothing: the next GPM sample after it
             # comes back starts afresh instead of closing an interval that spans the loss.
             device.gpm_previous_at = None
             raise
 
-    def _read(self, device: NvmlDevice, read_energy: bool) -> DeviceReadings:
+    def _read(self, device: NvmlDevice, read_energy: bool, read_samples: bool) -> DeviceReadings:
         if device.handle is None or not device.identity.uuid:
             try:
                 self.refresh_identity(device)
@@ -229,7 +230,7 @@ class Nvml:
             r.rate_utilization_ratio = gpu / 100.0
             r.memory_utilization_ratio = memory / 100.0
         first_samples = not device.samples_read
-        r.new_utilization_samples = self._utilization_samples(device)
+        r.new_utilization_samples = self._utilization_samples(device, read_samples or first_samples)
         r.utilization_samples_from_history = first_samples and device.samples_read
         power = query(device, "power", pynvml.nvmlDeviceGetPowerUsage, h)
         r.power_watts = None if power is None else power / 1000.0
@@ -291,11 +292,14 @@ class Nvml:
             log.warning("GPU %d: reading %s failed: %s (logged once until it recovers)",
                         index, reading, _describe(err))
 
-    def _utilization_samples(self, device: NvmlDevice) -> tuple[tuple[int, float], ...] | None:
+    def _utilization_samples(self, device: NvmlDevice, read: bool) -> tuple[tuple[int, float], ...] | None:
         """The new samples; None when this GPU keeps none (unsupported, or MIG), () when the call
-        failed this tick (the failure is counted)."""
+        failed this tick (the failure is counted) or was not made (``read`` false: the driver keeps
+        them for the next read)."""
         if device.identity.mig_enabled:
             return None  # not per MIG instance
+        if not read:
+            return None if "utilization_samples" in device.unsupported else ()
         samples = self._query(device, "utilization_samples", _new_utilization_samples, device)
         if samples is None:
             return None if "utilization_samples" in device.unsupported else ()
