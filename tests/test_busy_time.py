@@ -357,21 +357,27 @@ def test_the_counter_holds_every_second_of_a_square_wave(simulate: Any, clock: M
     assert process.busy_seconds_total == pytest.approx(WAVE_MEAN * 40.0, abs=1e-5)
 
 
+def times_called(monkeypatch: pytest.MonkeyPatch, clock: ManualClock, function: str) -> list[float]:
+    """The clock's time at each call of pynvml's ``function`` from now on."""
+    times: list[float] = []
+    original = getattr(pynvml, function)
+
+    def counted(*args: Any) -> Any:
+        times.append(clock.now)
+        return original(*args)
+
+    monkeypatch.setattr(pynvml, function, counted)
+    return times
+
+
 def test_samples_read_every_samples_interval_lose_nothing(simulate: Any, clock: ManualClock,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     simulate(f"gpus: [{{utilization: {WAVE}, processes: [{{name: train, pid: 4242}}]}}]")
-    reads: list[float] = []
-    original = pynvml.nvmlDeviceGetSamples
-
-    def counted(handle: Any, sampling_type: int, last_seen: int) -> Any:
-        reads.append(clock.now)
-        return original(handle, sampling_type, last_seen)
-
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetSamples", counted)
+    reads = times_called(monkeypatch, clock, "nvmlDeviceGetSamples")
     sampler = Sampler(Nvml(clock=clock), ProcessInspector(host_pid_namespace=True), clock=clock,
                       samples_interval_seconds=5.0)
     start = clock.now
-    snapshots = run(sampler, clock, until=start + 40.0, steps=[0.98, 1.02])
+    snapshots = run(sampler, clock, until=start + 40.0, steps=[0.98, 1.02])  # a timer's ticks
     assert reads == pytest.approx([start + 5.0 * n for n in range(9)], abs=0.05)
     # Every sample the driver took is counted at the next read: the total is the wave's, exactly.
     assert busy(snapshots[-1]) == pytest.approx(WAVE_MEAN * 40.0, abs=1e-5)
@@ -463,14 +469,7 @@ def check_energy_adds_up_every_tick(snapshots: list[Snapshot]) -> None:
 def test_the_energy_counter_is_read_every_energy_interval_and_its_total_held_between_reads(
         simulate: Any, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
     simulate(TRAIN_AND_EVAL)
-    reads: list[float] = []
-    original = pynvml.nvmlDeviceGetTotalEnergyConsumption
-
-    def counted(handle: Any) -> Any:
-        reads.append(clock.now)
-        return original(handle)
-
-    monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEnergyConsumption", counted)
+    reads = times_called(monkeypatch, clock, "nvmlDeviceGetTotalEnergyConsumption")
     sampler = Sampler(Nvml(clock=clock), ProcessInspector(host_pid_namespace=True), clock=clock,
                       energy_interval_seconds=10.0)
     # Ticks a little early and late, as a timer's are: still one read per 10 s, not one per 11.
