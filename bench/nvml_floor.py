@@ -11,11 +11,12 @@ polls, in which case each tick checks for Xid events). Then, every 1.5 s, in tur
 apart:
 
 * ``tick``: the sampler's tick, as the agent's sampler thread runs it (listeners aside: the alert
-  rules cost another 0.2-0.3 ms for 8 GPUs, see ``bench/alerts.py``), with the energy counter read
-  every ``nvml.energy_interval`` as in the agent (the median tick reads none; the mean includes them);
+  rules cost another 0.2-0.3 ms for 8 GPUs, see ``bench/alerts.py``), with the energy counter and
+  the utilization samples read every ``nvml.energy_interval`` and ``nvml.samples_interval`` as in the
+  agent (the median tick reads neither; the mean includes them);
 * ``calls``: the recorded calls replayed as they were made, with nothing around them: the floor;
 * each call on its own, timed: the CPU each NVML function costs on this driver (the energy
-  counter's read included, whether or not the recorded tick made it).
+  counter's and the samples' reads included, whether or not the recorded tick made them).
 
 All are CPU time of this thread (``time.thread_time``), medians over ``--seconds``. A library does
 more for the first call on a GPU after a pause than for the next ones (NVIDIA's mock library, in
@@ -40,6 +41,8 @@ from typing import Any
 # Ticks (one a second) before the calls are recorded: the Xid watcher's first event wait (10 s) tells
 # whether the library's wait polls, and then the sampler checks for Xid events each tick.
 WARMUP_TICKS = 12
+# Read once per interval of their own, not every tick (nvml.energy_interval, nvml.samples_interval).
+INTERVAL_READS = frozenset({"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetSamples"})
 
 
 def main() -> int:
@@ -67,8 +70,11 @@ def measure(seconds: float, as_json: bool) -> int:
     from gpuscope.sampler import Sampler
 
     nvml = Nvml()
-    # As the agent runs it: the energy counter read every nvml.energy_interval, not every tick.
-    sampler = Sampler(nvml, ProcessInspector(), energy_interval_seconds=NvmlConfig().energy_interval)
+    # As the agent runs it: the energy counter and the utilization samples read every
+    # nvml.energy_interval and nvml.samples_interval, not every tick.
+    defaults = NvmlConfig()
+    sampler = Sampler(nvml, ProcessInspector(), energy_interval_seconds=defaults.energy_interval,
+                      samples_interval_seconds=defaults.samples_interval)
     for _ in range(WARMUP_TICKS):
         snapshot = sampler.tick()
         time.sleep(1.0)
@@ -77,11 +83,15 @@ def measure(seconds: float, as_json: bool) -> int:
     if not snapshot.gpus:
         raise SystemExit("NVML lists no GPU")
     calls = record_calls(pynvml, sampler.tick)
-    timed = list(calls)
-    if not any(name == "nvmlDeviceGetTotalEnergyConsumption" for name, _ in calls):
-        # The tick recorded did not read the energy counter (once per energy interval): the per-call
-        # figures cover it all the same.
-        timed += [("nvmlDeviceGetTotalEnergyConsumption", (device.handle,)) for device in nvml.devices()]
+    # Each call a tick can make, once per function and first argument: the ticks that read the
+    # energy counter and the samples are recorded too (one every few seconds), for the per-call figures.
+    timed = {(name, id(args[0]) if args else 0): (name, args) for name, args in calls}
+    for _ in range(int(max(defaults.energy_interval, defaults.samples_interval)) + 1):
+        if {name for name, _ in timed.values()} >= INTERVAL_READS:
+            break
+        time.sleep(1.0)
+        for name, args in record_calls(pynvml, sampler.tick):
+            timed.setdefault((name, id(args[0]) if args else 0), (name, args))
     per_call: dict[str, list[float]] = {}
     tick, replayed, warm = [], [], []
     deadline = time.monotonic() + seconds
@@ -98,7 +108,7 @@ def measure(seconds: float, as_json: bool) -> int:
         replay(pynvml, calls)
         warm.append(time.thread_time() - started)
         time.sleep(0.5)  # each call as a tick finds it: after a pause
-        time_each(pynvml, timed, per_call)
+        time_each(pynvml, list(timed.values()), per_call)
     sampler.stop()
     nvml.shutdown()
 
@@ -124,7 +134,7 @@ def measure(seconds: float, as_json: bool) -> int:
     print(f"{gpus} GPU(s), {len(calls)} NVML calls per tick ({len(calls) / gpus:.1f} per GPU), "
           f"{len(tick)} ticks; CPU of this thread per tick, median:")
     print(f"  tick                       {figures['tick_ms']:6.3f} ms "
-          f"(mean {figures['tick_mean_ms']:.3f}: with the energy counter's reads)")
+          f"(mean {figures['tick_mean_ms']:.3f}: with the energy counter's and samples' reads)")
     print(f"  calls (the floor)          {figures['calls_ms']:6.3f} ms")
     print(f"  calls, back to back        {figures['calls_back_to_back_ms']:6.3f} ms")
     print(f"  gpuscope's own (tick - calls) {figures['gpuscope_ms']:6.3f} ms "
