@@ -10,9 +10,6 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.process_collector import ProcessCollector
-
 from gpuscope.alerts.alertmanager import AlertmanagerNotifier, instance_label
 from gpuscope.alerts.capture_verdicts import CaptureVerdicts
 from gpuscope.alerts.engine import AlertEngine
@@ -28,8 +25,10 @@ from gpuscope.control.errors import ControlError, ControlServerError
 from gpuscope.control.on_demand import OnDemandControlServer
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
+from gpuscope.exporters.families import Registry
 from gpuscope.exporters.health import SourceHealthCollector
 from gpuscope.exporters.pods import PodResourcesCollector
+from gpuscope.exporters.process_metrics import ProcessCollector
 from gpuscope.exporters.prometheus import SnapshotCollector
 from gpuscope.exporters.web import WebCollector
 from gpuscope.health import SourceHealth
@@ -97,7 +96,7 @@ class Agent:
             simulated=self.simulation.scenario.name if self.simulation is not None else None)
 
     def _build(self, settings: Settings) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry = Registry()
         processes = settings.processes
         self.registry.register(SnapshotCollector(self.sampler, include_cmdline=processes.cmdline,
                                                  include_processes=processes.export,
@@ -108,7 +107,7 @@ class Agent:
         self.sampler.add_listener(self.systemd.on_snapshot)
         if self.pods is not None:
             self.registry.register(PodResourcesCollector(self.pods.status))
-        ProcessCollector(registry=self.registry)  # the agent's own CPU and memory, to prove its overhead
+        self.registry.register(ProcessCollector())  # the agent's own CPU and memory, to prove its overhead
 
         alerting = settings.alerting
         self.capture_verdicts = CaptureVerdicts()  # what alert-triggered captures showed, for the alerts

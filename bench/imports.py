@@ -6,8 +6,8 @@ Each row is a fresh interpreter that imports everything of the rows above it and
 order the agent loads them, and reports its RSS (VmRSS, median of ``--runs``); the difference to
 the row above is what that row adds. "The standard library the agent uses" is found, not listed:
 the standard-library modules that ``gpuscope run``'s imports load. The last rows are loaded only
-when used (gRPC when a capture, the kubelet or the control API needs it; the trace analysis in its
-own child process).
+when used (gRPC when a capture, the kubelet or the control API needs it; prometheus_client when a
+scrape asks for what only its encoders write; the trace analysis in its own child process).
 """
 
 from __future__ import annotations
@@ -27,13 +27,15 @@ STEPS: list[tuple[str, list[str]]] = [
     ("PyYAML", ["yaml"]),
     ("pydantic", ["pydantic", "pydantic.fields", "pydantic.main"]),
     ("the configuration models", ["gpuscope.config"]),
-    ("prometheus_client, psutil, nvidia-ml-py", ["prometheus_client", "psutil", "pynvml"]),
+    ("psutil, nvidia-ml-py", ["psutil", "pynvml"]),
     ("the rest of the agent (what `gpuscope run` loads)", AGENT),
     ("gRPC, protobuf and the generated stubs (only when used)",
      ["grpc", "google.protobuf", "gpuscope.generated.tsl.profiler_service_pb2_grpc",
       "gpuscope.generated.kubelet.v1.podresources_pb2_grpc", "gpuscope.capture.tsl",
       "gpuscope.host.kubelet"]),
     ("the control server (only when a client comes)", ["gpuscope.control.server"]),
+    ("prometheus_client, with its HTTP client and server and ssl (only for a family or an escaping "
+     "scheme the agent's encoders leave to it)", ["prometheus_client"]),
     ("the trace analysis (only in its child process)", ["gpuscope.analysis.diagnose"]),
 ]
 _RSS = "import re; print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"

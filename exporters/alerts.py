@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 from gpuscope.alerts.model import AlertSource
+from gpuscope.exporters.families import Collector, CounterMetricFamily, GaugeMetricFamily, Metric
 
 FIRING_LABELS = ("alertname", "gpu", "uuid", "severity")
 TRANSITION_LABELS = ("alertname", "state")

@@ -9,10 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Protocol, get_args
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 from gpuscope.capture.model import Outcome, TriggerKind
+from gpuscope.exporters.families import Collector, CounterMetricFamily, GaugeMetricFamily, Metric
 
 CAPTURE_LABELS = ("trigger", "outcome")
 _ALL_PAIRS: tuple[tuple[TriggerKind, Outcome], ...] = tuple(

@@ -23,32 +23,30 @@ never depends on the fast path being right about an unusual case, and an invalid
 way it fails in prometheus_client. Escaping schemes other than ``underscores`` and ``allow-utf-8``
 go to prometheus_client whole.
 
-``negotiate`` picks the encoder and Content-Type from an Accept header by asking
-prometheus_client's own ``choose_encoder``, so content negotiation is exactly prometheus_client's.
+``negotiate`` picks the encoder and Content-Type from an Accept header as prometheus_client's
+``choose_encoder`` does (tests/test_exposition.py checks it against that function).
 
-This leans on prometheus_client's internals (``Sample``'s fields, ``floatToGoString``, the encoders
-``choose_encoder`` returns), so the dependency is capped at the releases tested, and
-tests/test_exposition.py fails if a release turns the fast path off or changes a byte. It pays its
-way: on 8 GPUs x 4 processes it renders text in 0.28 ms and OpenMetrics in 0.26 ms, against 2.1 and
-3.1 ms for prometheus_client's own encoders (``python bench/scrape.py --encoders-only``).
+The families are ``families``' (prometheus_client's shapes, without importing it), and the output
+is prometheus_client's to the byte: its encoders are imported only when a family or an Accept header
+needs them, and tests/test_exposition.py fails if a release of it changes a byte. The fast path pays
+its way: on 8 GPUs x 4 processes it renders text in 0.28 ms and OpenMetrics in 0.26 ms, against 2.1
+and 3.1 ms for prometheus_client's own encoders (``python bench/scrape.py --encoders-only``).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import math
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import exposition as _text_exposition
-from prometheus_client.metrics_core import Metric
-from prometheus_client.openmetrics import exposition as _om_exposition
-from prometheus_client.samples import Sample
-from prometheus_client.utils import floatToGoString
+from gpuscope.exporters.families import Metric
 
 __all__ = [
     "ALLOWUTF8",
+    "CONTENT_TYPE_TEXT",
     "UNDERSCORES",
     "Encoder",
     "negotiate",
@@ -59,7 +57,13 @@ __all__ = [
 
 UNDERSCORES = "underscores"  # prometheus_client's default name escaping scheme
 ALLOWUTF8 = "allow-utf-8"
+DOTS = "dots"
+VALUES = "values"
+_ESCAPINGS = frozenset({UNDERSCORES, ALLOWUTF8, DOTS, VALUES})
 OPENMETRICS_VERSION = "1.0.0"  # what prometheus_client's OpenMetrics encoder writes by default
+CONTENT_TYPE_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+_CONTENT_TYPE_TEXT_1 = "text/plain; version=1.0.0; charset=utf-8"
+_CONTENT_TYPE_OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 # Bounds of the memos (each is emptied when full). 8 GPUs x 4 processes use ~150 label sets, of
 # ~0.5-1.5 kB each (cmdline labels are the long ones): a few MiB at most.
@@ -84,16 +88,12 @@ _TEXT_TYPE = {"gauge": "gauge", "counter": "counter", "unknown": "untyped", "inf
 # Samples that the text encoder moves into an extra gauge family after the family's own lines.
 _TEXT_MOVED_SUFFIXES = ("_created", "_gsum", "_gcount")
 
-# The fast path unpacks samples as 6-tuples; a prometheus_client whose Sample has other fields
-# (older versions have no native_histogram) gets its own encoders for everything.
-_SAMPLE_FIELDS = ("name", "labels", "value", "timestamp", "exemplar", "native_histogram")
-_FAST_PATH_ENABLED = Sample._fields == _SAMPLE_FIELDS
+# The fast path unpacks samples as 6-tuples (name, labels, value, timestamp, exemplar,
+# native_histogram); it can be turned off, for a test to compare against the slow path.
+_FAST_PATH_ENABLED = True
 
 _UNCHECKED = object()  # compares unequal to every sample name
-
-_float_to_go: Callable[[float], str] = floatToGoString
-_prometheus_text: Callable[..., bytes] = _text_exposition.generate_latest
-_prometheus_openmetrics: Callable[..., bytes] = _om_exposition.generate_latest
+_INF = float("inf")
 
 # Label items (in the sample's dict order) -> the text between the braces. Shared by both formats
 # and every thread; a lost update under concurrent scrapes only costs a recomputation.
@@ -156,32 +156,73 @@ def render_openmetrics(
 
 
 def negotiate(accept_header: str | None) -> tuple[Encoder, str]:
-    """The encoder and Content-Type for a request's Accept header (None when it has none).
-
-    prometheus_client's ``choose_encoder`` decides; its choice is mapped onto the fast encoders
-    with the same escaping scheme and version. A choice this module does not recognise (a newer
-    prometheus_client, say) is served by prometheus_client's encoder itself.
-    """
+    """The encoder and Content-Type for a request's Accept header (None when it has none), chosen as
+    prometheus_client's ``choose_encoder`` chooses: the first ``application/openmetrics-text``
+    (version 1.0.0 when it names none) or ``text/plain`` of version 1 or later, in the header's
+    order, with its escaping scheme; else text 0.0.4. Escaping schemes other than ``underscores`` and
+    ``allow-utf-8`` are served by prometheus_client's encoders."""
     try:
-        chosen, content_type = _text_exposition.choose_encoder(accept_header or "")
-    except (TypeError, ValueError):
-        # prometheus_client compares the parts of a version it cannot read ("version=1.x") with numbers
-        # and raises TypeError: such an Accept header gets what no Accept header gets, not a 500.
-        chosen, content_type = _text_exposition.choose_encoder("")
-    func: Any = chosen
-    keywords: dict[str, Any] = {}
-    if isinstance(chosen, functools.partial):
-        if chosen.args:
-            return _wrap(chosen), content_type
-        func, keywords = chosen.func, dict(chosen.keywords)
-    if func is _text_exposition.generate_latest and set(keywords) <= {"escaping"}:
-        escaping = keywords.get("escaping", UNDERSCORES)
-        return functools.partial(render_text, escaping=escaping), content_type
-    if func is _om_exposition.generate_latest and set(keywords) <= {"escaping", "version"}:
-        escaping = keywords.get("escaping", UNDERSCORES)
-        version = keywords.get("version", OPENMETRICS_VERSION)
-        return functools.partial(render_openmetrics, escaping=escaping, version=version), content_type
-    return _wrap(chosen), content_type
+        return _choose(accept_header or "")
+    except _UnreadableVersion:
+        return functools.partial(render_text), CONTENT_TYPE_TEXT
+
+
+def _choose(accept_header: str) -> tuple[Encoder, str]:
+    for accepted in accept_header.split(","):
+        parts = accepted.split(";")
+        media = parts[0].strip()
+        if media not in ("application/openmetrics-text", "text/plain"):
+            continue
+        version, escaping = _parameter(parts, "version"), _parameter(parts, "escaping")
+        escaping = escaping if escaping in _ESCAPINGS else UNDERSCORES
+        if media == "application/openmetrics-text":
+            if not version:
+                return functools.partial(render_openmetrics), _CONTENT_TYPE_OPENMETRICS
+            if _at_least_1(version):
+                content_type = f"application/openmetrics-text; version={version}; charset=utf-8"
+                return (functools.partial(render_openmetrics, escaping=escaping, version=version),
+                        f"{content_type}; escaping={escaping}")
+        elif version and _at_least_1(version):
+            return (functools.partial(render_text, escaping=escaping),
+                    f"{_CONTENT_TYPE_TEXT_1}; escaping={escaping}")
+    return functools.partial(render_text), CONTENT_TYPE_TEXT
+
+
+def _parameter(parts: list[str], key: str) -> str:
+    """The value of the first ``key=value`` among a media range's parameters, else ""."""
+    for part in parts:
+        if "=" in part:
+            name, value = part.strip().split("=", 1)
+            if name == key:
+                return value
+    return ""
+
+
+def _at_least_1(version: str) -> bool:
+    """Whether a version compares at least 1.0.0, as prometheus_client compares them: numeric parts
+    as numbers; a part that is not a number where a number is compared makes the header unreadable,
+    answered as without an Accept header (prometheus_client raises there)."""
+    parsed: list[int | str] = []
+    for part in version.split("."):
+        try:
+            parsed.append(int(part))
+        except ValueError:
+            parsed.append(part)
+    for mine, least in zip(parsed, (1, 0, 0), strict=False):
+        if isinstance(mine, str):
+            raise _UnreadableVersion(version)
+        if mine != least:
+            return mine > least
+    return len(parsed) >= 3
+
+
+class _UnreadableVersion(ValueError):
+    pass
+
+
+def gzip_accepted(accept_encoding: str | None) -> bool:
+    """Whether an Accept-Encoding header names gzip (any q-value, as prometheus_client reads it)."""
+    return any(part.split(";")[0].strip().lower() == "gzip" for part in (accept_encoding or "").split(","))
 
 
 def restrict_families(families: Iterable[Metric], names: Collection[str]) -> Iterator[Metric]:
@@ -281,6 +322,25 @@ def _label_text(items: tuple[tuple[str, str], ...]) -> str:
     return text
 
 
+def _float_to_go(number: float) -> str:
+    """A sample value as Go's strconv writes it, which is what Prometheus and prometheus_client
+    write: +Inf, -Inf, NaN, and for positive numbers of 7 or more integer digits an exponent (Go
+    switches to one sooner than Python's repr)."""
+    if number == _INF:
+        return "+Inf"
+    if number == -_INF:
+        return "-Inf"
+    if math.isnan(number):
+        return "NaN"
+    text = repr(number)
+    dot = text.find(".")
+    if number > 0 and dot > 6:
+        digits = (text[1:dot] + text[dot + 1:]).rstrip("0")
+        mantissa = (text[0] + "." + digits).rstrip(".")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return text
+
+
 def _value_text(number: float) -> str:
     text = _float_to_go(number)
     if number != 0.0 and number - number == 0.0:  # finite, and not a zero (0.0 and -0.0 differ)
@@ -298,19 +358,20 @@ def _escape_value(value: str) -> str:
 
 
 def _slow_text(families: list[Metric], escaping: str) -> bytes:
+    # Imported here: prometheus_client's package imports its HTTP server and client (and ssl), which
+    # the fast path never needs.
+    from prometheus_client import exposition
+
+    generate: Any = exposition.generate_latest
     if escaping == UNDERSCORES:  # the default: leave it out, for encoders that take no escaping
-        return _prometheus_text(_FixedCollector(families))
-    return _prometheus_text(_FixedCollector(families), escaping=escaping)
+        return bytes(generate(_FixedCollector(families)))
+    return bytes(generate(_FixedCollector(families), escaping=escaping))
 
 
 def _slow_openmetrics(families: list[Metric], escaping: str, version: str) -> bytes:
+    from prometheus_client.openmetrics import exposition
+
+    generate: Any = exposition.generate_latest
     if escaping == UNDERSCORES and version == OPENMETRICS_VERSION:
-        return _prometheus_openmetrics(_FixedCollector(families))
-    return _prometheus_openmetrics(_FixedCollector(families), escaping=escaping, version=version)
-
-
-def _wrap(encoder: Callable[[Any], bytes]) -> Encoder:
-    def encode(families: Iterable[Metric]) -> bytes:
-        return encoder(_FixedCollector(list(families)))
-
-    return encode
+        return bytes(generate(_FixedCollector(families)))
+    return bytes(generate(_FixedCollector(families), escaping=escaping, version=version))

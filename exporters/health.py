@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
+from gpuscope.exporters.families import Collector, GaugeMetricFamily, Metric
 from gpuscope.health import SourceHealth
 
 

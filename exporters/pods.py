@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
+from gpuscope.exporters.families import Collector, CounterMetricFamily, GaugeMetricFamily, Metric
 from gpuscope.host.pods import PodResourcesStatus
 
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from gpuscope.common.process_labels import DEFAULT_MAX_PER_GPU, PROCESS_LABEL_CHOICES
+from gpuscope.exporters.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading
 
 CMDLINE_MAX_CHARS = 256  # keeps label values (and series size) bounded for long argv lists

@@ -11,11 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
-
 from gpuscope.common.process_labels import DEFAULT_MAX_PER_GPU, PROCESS_LABEL_CHOICES
+from gpuscope.exporters.families import Collector, CounterMetricFamily, GaugeMetricFamily, Metric, Sample
 from gpuscope.exporters.process_series import ProcessSeries
 from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
 from gpuscope.snapshot import PodContainer, ProcessReading, SlurmJob, Snapshot, SnapshotSource

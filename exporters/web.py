@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
+from gpuscope.exporters.families import Collector, CounterMetricFamily, GaugeMetricFamily, Metric
 from gpuscope.web.rejections import Rejections
 from gpuscope.web.web_config import WebConfigWatcher
 

@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Summary, generate_latest
-from prometheus_client import exposition as prometheus_exposition
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -399,13 +400,32 @@ def test_negotiate_maps_onto_the_fast_encoders() -> None:
     assert isinstance(encode, functools.partial) and encode.func is render_openmetrics
 
 
-def test_negotiate_serves_an_unknown_choice_with_prometheus_client(monkeypatch: pytest.MonkeyPatch) -> None:
-    def custom(registry: Fixed) -> bytes:
-        return b"".join(family.name.encode() for family in registry.collect())
+ACCEPT_PARTS = st.one_of(
+    st.sampled_from(["text/plain", "application/openmetrics-text", " text/plain ", "*/*", "TEXT/PLAIN",
+                     "application/json", ""]),
+    st.text(st.characters(max_codepoint=127), max_size=10))
+ACCEPT_PARAMS = st.one_of(
+    st.sampled_from(["version=0.0.4", "version=1.0.0", "version=2.0.0", "version=1", "version=1.0",
+                     "version=1.0.0.1", "version=1.x", "version=x", "version=", "version=01.0.0",
+                     "version=1_0.0", "version=2.x", " version=1.0.0", "escaping=allow-utf-8",
+                     "escaping=dots", "escaping=values", "escaping=underscores", "escaping=bogus",
+                     "q=0.5", "charset=utf-8"]),
+    st.text(st.characters(max_codepoint=127), max_size=10))
+ACCEPT_RANGES = st.builds(lambda media, params: ";".join([media, *params]), ACCEPT_PARTS,
+                          st.lists(ACCEPT_PARAMS, max_size=3))
 
-    monkeypatch.setattr(prometheus_exposition, "choose_encoder", lambda accept: (custom, "x/y"))
-    encode, content_type = negotiate("anything")
-    assert (encode([gauge("a", "A.", {}), gauge("b", "B.", {})]), content_type) == (b"ab", "x/y")
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ACCEPT_RANGES, max_size=4).map(",".join))
+def test_negotiate_chooses_as_prometheus_client_for_any_accept_header(accept: str) -> None:
+    families = [gauge("a", "A.", {"x": "1"}), gauge("gpu.power", "UTF-8.", {"a": "1"})]
+    encode, content_type = negotiate(accept)
+    try:
+        expected_encoder, expected_type = choose_encoder(accept)
+    except TypeError:  # a version it cannot compare: served as without an Accept header
+        expected_encoder, expected_type = choose_encoder("")
+    assert content_type == expected_type
+    assert encode(families) == expected_encoder(Fixed(families))
 
 
 def test_restrict_families_by_family_or_sample_name() -> None:

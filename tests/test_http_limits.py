@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from snapshots import FakeSource, make_snapshot
 
 from gpuscope.capture.webhook import WebhookError, parse_webhook
-from gpuscope.web.server import MAX_HEADER_BYTES, AgentHttpServer, _ThreadingWsgiServer, somaxconn
+from gpuscope.web.server import MAX_HEADER_BYTES, AgentHttpServer, somaxconn
 from gpuscope.web.web_config import OPEN
 from gpuscope.web.webhook_auth import WebhookAuth
 
@@ -146,5 +146,69 @@ def test_the_server_header_names_no_python_version(server: tuple[AgentHttpServer
         assert "server: gpuscope\r\n" in headers + "\r\n" and "python" not in headers, headers
 
 
-def test_the_listen_backlog_is_the_kernels_ceiling() -> None:
-    assert _ThreadingWsgiServer.request_queue_size == somaxconn() >= 128
+def test_the_listen_backlog_is_the_kernels_ceiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    backlogs: list[int] = []
+
+    class Recording(socket.socket):
+        def listen(self, backlog: int = 0) -> None:
+            backlogs.append(backlog)
+            super().listen(backlog)
+
+    monkeypatch.setattr(socket, "socket", Recording)
+    http = AgentHttpServer("127.0.0.1:0", registry=CollectorRegistry(), source=FakeSource(None))
+    http.start()
+    http.stop()
+    assert backlogs == [somaxconn()] and somaxconn() >= 128
+
+
+@pytest.mark.parametrize(("request_bytes", "expected"), [
+    (b"GET /-/healthy\r\n\r\n", 400),  # HTTP/0.9: not served
+    (b"GET /-/healthy HTTP/1.1 extra\r\n\r\n", 400),
+    (b"GET /-/healthy HTTPS/1.1\r\n\r\n", 400),
+    (b"GET /-/healthy HTTP/1\r\n\r\n", 400),
+    (b"GET /-/healthy HTTP/x.y\r\n\r\n", 400),
+    (b"GET /-/healthy HTTP/2.0\r\n\r\n", 505),
+    (b"GET /-/healthy HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+    (b"GET /-/healthy HTTP/1.1\r\n: no name\r\n\r\n", 400),
+    (b"GET /-/healthy HTTP/1.1\r\nBad Name: x\r\n\r\n", 400),
+    (b"GET /-/healthy HTTP/1.1\r\nHost: a\r\n folded: continuation\r\n\r\n", 400),
+    (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n", 414),
+    (b"GET /-/healthy HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(101)) + b"\r\n", 431),
+    (b"GET /-/healthy HTTP/1.1\r\nX-Long: " + b"a" * 70_000 + b"\r\n\r\n", 431),
+    (b"GET /-/healthy HTTP/1.0\r\n\r\n", 200),
+    (b"GET /-/healthy HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(100)) + b"\r\n", 200),
+    (b"GET /%2D/healthy?x=%20 HTTP/1.1\r\nHost: a\r\n\r\n", 200),  # the path is unquoted
+])
+def test_requests_are_read_within_http_s_rules(server: tuple[AgentHttpServer, Webhook], request_bytes: bytes,
+                                               expected: int) -> None:
+    response = exchange(server[0], request_bytes)
+    assert status(response) == expected, response[:300]
+    head = response.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+    assert head.startswith("HTTP/1.0 ") and "\r\nServer: gpuscope" in head and "\r\nDate: " in head
+    assert status(exchange(server[0], b"GET /-/healthy HTTP/1.1\r\nHost: node\r\n\r\n")) == 200
+
+
+def test_a_client_that_expects_100_continue_is_told_to_send_its_body(
+        server: tuple[AgentHttpServer, Webhook]) -> None:
+    body = b'{"version": "4", "alerts": []}'
+    with socket.create_connection(server[0].bound_address, timeout=10) as client:
+        client.sendall(b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: node\r\n" + AUTH
+                       + b"Content-Type: application/json\r\nExpect: 100-continue\r\n"
+                       + b"Content-Length: %d\r\n\r\n" % len(body))
+        assert client.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        client.sendall(body)
+        response = b""
+        while chunk := client.recv(65536):
+            response += chunk
+    assert status(response) == 200 and server[1].bodies == [body]
+
+
+def test_a_header_with_an_underscore_cannot_pass_for_one_with_a_dash(
+        server: tuple[AgentHttpServer, Webhook]) -> None:
+    # Authorization spelled with an underscore is left out (as wsgiref leaves it out): no token, 401.
+    body = b'{"version": "4", "alerts": []}'
+    request = (b"POST " + PATH.encode() + b" HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\n"
+               + b"Content-Length: %d\r\nAuthorization_: Bearer " % len(body) + TOKEN.encode()
+               + b"\r\n\r\n" + body)
+    assert status(exchange(server[0], request)) == 401
+    assert server[1].bodies == []

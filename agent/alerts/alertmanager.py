@@ -18,7 +18,6 @@ timeout, 5xx) is retried with exponential back-off; a 4xx answer (the payload wa
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import math
@@ -26,7 +25,6 @@ import threading
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
@@ -128,6 +126,9 @@ class AlertmanagerNotifier:
         self._max_pending = max_pending
         self._retry_initial = retry_initial_seconds
         self._retry_max = max(retry_max_seconds, retry_initial_seconds)
+        # Imported here, where an Alertmanager is configured: urllib.request loads http.client and ssl.
+        import urllib.request
+
         # Environment proxies are ignored, as Prometheus does: Alertmanager is normally in-cluster.
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         self._wake = threading.Condition()
@@ -221,6 +222,8 @@ class AlertmanagerNotifier:
                 self.errors += 1
                 delay = min(self._retry_max, self._retry_initial * 2 ** min(failures - 1, 30))
                 next_attempt = time.monotonic() + delay
+                import http.client  # loaded with urllib.request
+
                 unexpected = not isinstance(err, (OSError, http.client.HTTPException))
                 if not self._failing or unexpected:
                     self._failing = True
@@ -261,6 +264,8 @@ class AlertmanagerNotifier:
         if not payload:
             return
         body = json.dumps(list(payload.values()), allow_nan=False).encode()
+        import urllib.request  # loaded by __init__
+
         request = urllib.request.Request(self.endpoint, data=body, method="POST",
                                          headers={"Content-Type": "application/json"})
         try:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import base64
 import json
-import ssl
 import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # ssl and urllib.request (5 MiB with OpenSSL) load when a report runs
+    import ssl
 
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 _ERROR_BODY_BYTES = 4096  # what an error body may add to a message
@@ -42,6 +43,8 @@ class Auth:
 
 def tls_context(ca_file: str | None, insecure_skip_verify: bool) -> ssl.SSLContext:
     """Verify against the system's CAs, or ``ca_file``'s; verify nothing with ``insecure_skip_verify``."""
+    import ssl
+
     context = ssl.create_default_context(cafile=ca_file)
     if insecure_skip_verify:
         context.check_hostname = False
@@ -78,9 +81,12 @@ class PrometheusClient:
         authorization = self._auth.header()
         if authorization is not None:
             headers["Authorization"] = authorization
-        request = urllib.request.Request(self.url + path, data=body, headers=headers, method="POST")
+        import ssl
+        from urllib.request import Request, urlopen
+
+        request = Request(self.url + path, data=body, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self._timeout, context=self._context) as response:
+            with urlopen(request, timeout=self._timeout, context=self._context) as response:
                 raw = self._read(response)
         except urllib.error.HTTPError as err:
             raise self._http_error(err) from None

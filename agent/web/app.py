@@ -4,9 +4,9 @@ alerts and captures as JSON, capture downloads.
 A small WSGI application (the listening side is ``server``). /metrics collects the registry once per
 request and encodes the families with gpuscope.exporters.exposition, which writes the bytes
 prometheus_client's encoders would, several times faster. Content negotiation (text 0.0.4 or
-OpenMetrics, and their Content-Type strings) and the gzip decision are prometheus_client's own
-functions, so clients see what every other Python exporter serves; gzip uses a fast compression
-level. ``?name[]=NAME`` (repeatable) keeps only the families, or the samples, with those names.
+OpenMetrics, and their Content-Type strings) and the gzip decision follow prometheus_client's, so
+clients see what every other Python exporter serves; gzip uses a fast compression level.
+``?name[]=NAME`` (repeatable) keeps only the families, or the samples, with those names.
 
 /api/v1/alerts answers 200 with ``{"enabled": bool, "alerts": [Alert.to_json(), ...]}`` (pending and
 firing alerts); with alerting disabled (no AlertSource) it is ``{"enabled": false, "alerts": []}``,
@@ -30,18 +30,15 @@ import gzip
 import json
 import logging
 import math
-import ssl
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import gzip_accepted
-
 from gpuscope.alerts.model import AlertSource
 from gpuscope.capture.store import CaptureIdError, CaptureNotFoundError, CaptureStore, CaptureStoreError
-from gpuscope.exporters.exposition import negotiate, restrict_families
+from gpuscope.exporters.exposition import gzip_accepted, negotiate, restrict_families
+from gpuscope.exporters.families import Collector
 from gpuscope.health import SourceHealth
 from gpuscope.snapshot import SnapshotSource
 from gpuscope.version import __version__
@@ -85,7 +82,7 @@ MAX_CAPTURE_LIST = 1000
 class AgentApp:
     """The WSGI application: routes a request to one small handler per endpoint."""
 
-    def __init__(self, registry: CollectorRegistry, source: SnapshotSource, clock: Callable[[], float],
+    def __init__(self, registry: Collector, source: SnapshotSource, clock: Callable[[], float],
                  alerts: AlertSource | None = None, webhook: WebhookHandler | None = None, *,
                  webhook_auth: WebhookAuth | None = None, expected_gpus: int | None = None,
                  health: SourceHealth | None = None, rejections: Rejections | None = None,
@@ -261,8 +258,11 @@ class AgentApp:
         if self._security is None:
             return False
         security = self._security()
-        client_certificates = (security.ssl_context is not None
-                               and security.ssl_context.verify_mode == ssl.CERT_REQUIRED)
+        client_certificates = False
+        if security.ssl_context is not None:
+            import ssl  # loaded already: TLS is on
+
+            client_certificates = security.ssl_context.verify_mode == ssl.CERT_REQUIRED
         return security.users.enabled or client_certificates
 
     def _healthy(self, environ: WSGIEnvironment) -> _Response:

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import logging
 import os
-import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator
@@ -41,7 +40,9 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from gpuscope.common.config_types import ConfigError, Duration, Section, format_errors
 from gpuscope.common.unixfs import FileTooLargeError, read_bounded
 from gpuscope.web.basic_auth import BasicAuthConfigError, BasicAuthVerifier, check_bcrypt_hash
-from gpuscope.web.tls_context import TlsConfigError, build_server_context
+
+if TYPE_CHECKING:  # ssl (with OpenSSL, 5 MiB) is loaded only when TLS is configured
+    import ssl
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,8 @@ def _security(path: Path, parsed: WebConfigFile) -> WebSecurity:
     context = None
     watched = [path]
     if tls.enabled:
+        from gpuscope.web.tls_context import TlsConfigError, build_server_context
+
         files = {name: _resolve(base, getattr(tls, name)) for name in ("cert_file", "key_file",
                                                                          "client_ca_file")}
         watched += [p for p in files.values() if p is not None]
