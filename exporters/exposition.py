@@ -88,10 +88,6 @@ _TEXT_TYPE = {"gauge": "gauge", "counter": "counter", "unknown": "untyped", "inf
 # Samples that the text encoder moves into an extra gauge family after the family's own lines.
 _TEXT_MOVED_SUFFIXES = ("_created", "_gsum", "_gcount")
 
-# The fast path unpacks samples as 6-tuples (name, labels, value, timestamp, exemplar,
-# native_histogram); it can be turned off, for a test to compare against the slow path.
-_FAST_PATH_ENABLED = True
-
 _UNCHECKED = object()  # compares unequal to every sample name
 _INF = float("inf")
 
@@ -122,7 +118,7 @@ class _FixedCollector:
 def render_text(families: Iterable[Metric], escaping: str = UNDERSCORES) -> bytes:
     """The Prometheus text format of ``families``: what ``prometheus_client.generate_latest`` writes
     for the same escaping scheme (the default is text 0.0.4's)."""
-    if not (_FAST_PATH_ENABLED and escaping in _FAST_ESCAPINGS):
+    if escaping not in _FAST_ESCAPINGS:
         return _slow_text(list(families), escaping)
     out: list[str] = []
     for family in families:
@@ -140,7 +136,7 @@ def render_openmetrics(
 ) -> bytes:
     """The OpenMetrics text of ``families``, ``# EOF`` included: what prometheus_client's
     ``openmetrics.exposition.generate_latest`` writes for the same arguments."""
-    if not (_FAST_PATH_ENABLED and escaping in _FAST_ESCAPINGS):
+    if escaping not in _FAST_ESCAPINGS:
         return _slow_openmetrics(list(families), escaping, version)
     out: list[str] = []
     for family in families:

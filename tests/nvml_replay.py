@@ -3,19 +3,23 @@
 ``ReplayLibrary`` stands where pynvml keeps the loaded library (``pynvml.nvmlLib``) and answers each
 C function with what the real library answered when a call with the same arguments was recorded:
 it writes the recorded bytes into the buffers passed by reference and returns the recorded code.
-Calls are matched by function name and the arguments passed by value (handles, ids, cursors, a null
-buffer) plus the sizes of those passed by reference; recorded answers to the same call are given in
-their order, the last one again once they run out. A function never recorded does not exist (pynvml
-raises FUNCTION_NOT_FOUND, as with an older driver), and a recorded function called with arguments
-never recorded answers NVML_ERROR_UNKNOWN and is listed in ``unmatched``, for the test to show.
+Calls are matched by function name and the arguments as the recorder describes them (its
+``describe_argument``: values passed by value, sizes of those passed by reference); recorded
+answers to the same call are given in their order, the last one again once they run out. A function
+never recorded does not exist (pynvml raises FUNCTION_NOT_FOUND, as with an older driver), and a
+recorded function called with arguments never recorded answers NVML_ERROR_UNKNOWN and is listed in
+``unmatched``, for the test to show.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pynvml
@@ -28,34 +32,17 @@ def load_recording(name: str) -> dict[str, Any]:
     return recording
 
 
-def _match(arg: Any) -> tuple[Any, ...]:
-    """The argument as the recorder described it for matching (see bench/nvml_record.py)."""
-    if arg is None:
-        return ("null",)
-    if isinstance(arg, bool | int):
-        return ("int", int(arg))
-    if isinstance(arg, bytes):
-        return ("bytes", arg.hex())
-    if isinstance(arg, str):
-        return ("bytes", arg.encode().hex())
-    if type(arg).__name__ == "CArgObject":
-        return ("ref", ctypes.sizeof(arg._obj))
-    if isinstance(arg, ctypes._Pointer):
-        if ctypes.sizeof(arg._type_) and arg:
-            return ("ref", ctypes.sizeof(arg._type_))
-        return ("value", bytes(arg).hex())
-    if isinstance(arg, ctypes._SimpleCData):
-        return ("value", bytes(arg).hex())
-    return ("ref", ctypes.sizeof(arg))
+def load_recorder() -> ModuleType:
+    """bench/nvml_record.py, whose ``describe_argument`` the replay matches calls with."""
+    path = Path(__file__).resolve().parent.parent / "bench" / "nvml_record.py"
+    spec = importlib.util.spec_from_file_location("nvml_record", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _target(arg: Any) -> Any:
-    """The ctypes object a by-reference argument's recorded bytes go into."""
-    if type(arg).__name__ == "CArgObject":
-        return arg._obj
-    if isinstance(arg, ctypes._Pointer):
-        return arg.contents
-    return arg
+_describe: Callable[[Any], tuple[list[Any], Any]] = load_recorder().describe_argument
 
 
 class _ReplayedFunction:
@@ -67,17 +54,17 @@ class _ReplayedFunction:
 
     def __call__(self, *args: Any) -> Any:
         if self._name == "nvmlErrorString":
-            return f"NVML error {_match(args[0])[1]} (replayed)".encode()
-        key = (self._name, tuple(_match(arg) for arg in args))
+            return f"NVML error {_describe(args[0])[0][1]} (replayed)".encode()
+        described = [_describe(arg) for arg in args]
+        key = (self._name, tuple(tuple(match) for match, _ in described))
         answers = self._library.answers.get(key)
         if not answers:
             self._library.unmatched.append(key)
             return pynvml.NVML_ERROR_UNKNOWN
         answer = answers.pop(0) if len(answers) > 1 else answers[0]
-        for arg, out in zip(args, answer["out"], strict=True):
+        for (_, target), out in zip(described, answer["out"], strict=True):
             if out is None:
                 continue
-            target = _target(arg)
             data = bytes.fromhex(out)
             size = ctypes.sizeof(target)
             ctypes.memmove(ctypes.addressof(target), data.ljust(size, b"\0"), size)

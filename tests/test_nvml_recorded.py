@@ -14,18 +14,15 @@ kept in the recording) or against physics (power and energy agree), not against 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 import json
 import statistics
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pynvml
 import pytest
-from nvml_replay import ReplayLibrary, install, load_recording, uninstall
+from nvml_replay import ReplayLibrary, install, load_recorder, load_recording, uninstall
 
 from gpuscope.nvml.boundary import Nvml, NvmlDevice
 from gpuscope.nvml.readings import DeviceReadings
@@ -99,15 +96,6 @@ def check_replays_as_recorded(recording: dict[str, Any]) -> None:
 @pytest.mark.parametrize("name", ["h200_idle", "h200_busy"])
 def test_every_call_the_boundary_makes_was_recorded_and_decodes_as_it_did_on_the_gpu(name: str) -> None:
     check_replays_as_recorded(load_recording(name))
-
-
-def load_recorder() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "bench" / "nvml_record.py"
-    spec = importlib.util.spec_from_file_location("nvml_record", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class ManualClock:
