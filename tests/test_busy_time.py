@@ -614,7 +614,9 @@ gpus:
     processes: [{{name: train-step, spawn: true, memory: 40GiB}}]
 """)
     args = ("--simulate", str(tmp_path / "wave.yaml"), "--sample-interval", "500ms")
-    with run_agent(tmp_path, *args) as agent:
+    # The utilization samples read every tick, so that the gauge covers the last half second only (read
+    # every 5 s, the gauge after a read is their mean over 5 s: two and a half periods of the wave).
+    with run_agent(tmp_path, *args, env={"GPUSCOPE_NVML__SAMPLES_INTERVAL": "0s"}) as agent:
         config = (f"global:\n  scrape_interval: {SCRAPE_SECONDS}s\n"
                   "scrape_configs:\n  - job_name: gpuscope\n"
                   f"    static_configs:\n      - targets: ['127.0.0.1:{agent.port}']\n")
