@@ -24,7 +24,7 @@ from gpuscope.snapshot import Snapshot
 
 
 class SpinningNvml:
-    """An event wait that wakes 50 times a second for its timeout (a library that polls); queued events
+    """An event wait that wakes 200 times a second for its timeout (a library that polls); queued events
     are returned by a wait without timeout, which blocks while ``hang`` is set."""
 
     def __init__(self) -> None:
@@ -50,8 +50,8 @@ class SpinningNvml:
             with self.lock:
                 return self.events.pop(0) if self.events else None
         end = time.monotonic() + 1.2
-        while time.monotonic() < end:  # wakes every 20 ms, as a library that polls inside its wait does
-            time.sleep(0.02)
+        while time.monotonic() < end:  # wakes every 5 ms, as a library that polls inside its wait does
+            time.sleep(0.005)
         return None
 
 
@@ -183,7 +183,8 @@ def xid_threads() -> list[threading.Thread]:
 def test_with_a_polling_library_the_sampler_ticks_count_the_xids(monkeypatch: pytest.MonkeyPatch) -> None:
     """The simulated library's event wait polls the scenario clock while an Xid can come: the watcher's
     thread ends, and each tick counts the Xids that came before it, in that tick's snapshot."""
-    monkeypatch.setattr(xid, "_WAIT_MS", 1200)  # found polling after one 1.2 s wait, not 10 s
+    # Found polling after one 2.5 s wait (the simulator's wait wakes 50 times a second), not 10 s.
+    monkeypatch.setattr(xid, "_WAIT_MS", 2500)
     clock = ManualClock(1.0)
     simulation = Simulation(parse_scenario(XIDS, source="xid-polling"), clock=clock, spawn_processes=False)
     simulation.install()
@@ -211,7 +212,7 @@ def test_a_hung_xid_check_is_given_up_on_and_the_gpus_keep_reporting(
     """The check hangs as a GPU read can: the watchdog gives its thread up after stuck_after, a new
     sampler thread carries on reading every GPU, the check is not made again until the stuck one
     returns, and then it is. Real threads and the real clock."""
-    monkeypatch.setattr(xid, "_WAIT_MS", 1200)
+    monkeypatch.setattr(xid, "_WAIT_MS", 2500)  # found polling after one wait, as above
     caplog.set_level(logging.INFO, logger="gpuscope")
     simulation = Simulation(parse_scenario(XIDS.replace("at: 5s", "at: 1h").replace("at: 6s", "at: 2h"),
                                            source="xid-polling"), spawn_processes=False)

@@ -24,14 +24,15 @@ log = logging.getLogger(__name__)
 # it: shutting NVML down ends the wait (stop() is followed by Nvml.shutdown()).
 _WAIT_MS = 10_000
 # A driver's wait sleeps in the kernel: the waiting thread is woken once. A library whose wait wakes it
-# more often than this per second polls inside (NVIDIA's mock library does, 14 times a second, and its
-# runtime's other threads with it, at some 3 ms of CPU a second): the thread then ends and the sampler
-# polls, which costs next to nothing.
-_POLLING_WAKEUPS_PER_S = 2.0
-# Fewer wake-ups than this in one wait never mean polling: the thread's count also holds the few times it
-# waited for the interpreter's lock on its way back from the wait, more where other threads keep that
-# lock busy (up to 8 measured with 8 threads spinning in Python).
-_POLLING_MIN_WAKEUPS = 16
+# more often than this per second polls inside (NVIDIA's mock library does, 14 to 16 times a second,
+# and its runtime's other threads with it, at some 3 ms of CPU a second): the thread then ends and the
+# sampler polls, which costs next to nothing.
+_POLLING_WAKEUPS_PER_S = 5.0
+# Fewer wake-ups than this in one wait never mean polling: the thread's count also holds the times it
+# waited for the interpreter's lock on its way back from the wait, many where other threads keep that
+# lock busy (up to 39 measured in a 1.2 s wait beside 4 threads spinning in Python on a loaded 2-core
+# machine; a 10 s wait of the mock library gives some 100).
+_POLLING_MIN_WAKEUPS = 64
 # The most events one poll takes: a storm of Xids cannot hold a tick for long; the rest come next tick.
 POLL_MAX_EVENTS = 64
 # After a poll fails (other than by NVML shutting down), polls are skipped this long: retried, not
@@ -143,11 +144,12 @@ class XidWatcher:
 
 
 def _context_switches() -> int:
-    """Times the calling thread gave up or lost the CPU so far (Linux); 0 where this cannot be read.
-    getrusage holds the interpreter's lock throughout, where reading /proc would let it go and count
-    each wait to take it back (many where other threads keep it busy)."""
+    """Times the calling thread gave up the CPU to wait so far (Linux); 0 where this cannot be read.
+    Only the voluntary switches: a wait that polls sleeps and wakes, where being preempted on a busy
+    machine says nothing of the wait. getrusage holds the interpreter's lock throughout, where reading
+    /proc would let it go and count each wait to take it back (many where other threads keep it busy)."""
     try:
         usage = resource.getrusage(resource.RUSAGE_THREAD)
     except (AttributeError, OSError, ValueError):  # RUSAGE_THREAD is Linux's
         return 0
-    return usage.ru_nvcsw + usage.ru_nivcsw
+    return usage.ru_nvcsw
