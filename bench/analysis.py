@@ -38,6 +38,9 @@ stays within them. The text report of the smallest trace is printed in full. ``-
 read/diagnose split per size (in-process timers) and a cProfile of the smallest trace.
 
 Sizes are about right: a trace ends at the first step boundary past its size.
+
+``--trace FILE`` (repeatable) measures a real trace too, a recorded capture of a real job: once with
+`gpuscope explain`, once as the agent's analysis child runs it (with ``--sizes ""``, only those).
 """
 
 from __future__ import annotations
@@ -809,10 +812,23 @@ def new_loop(args: argparse.Namespace) -> TrainingLoop:
     return TrainingLoop(layers=args.layers, step_ms=args.step_ms, input_share=args.input_share)
 
 
+def given_trace(path: Path) -> Written:
+    """A trace the user named, as the rows count it: its bytes on disk (compressed, for a .gz)."""
+    return Written(path, path.stat().st_size, 0, 0)
+
+
 def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     config = AnalysisConfig()
     memory = args.memory_limit if args.memory_limit is not None else int(config.memory_bytes)
     results: dict[str, Any] = {"rows": [], "limit": [], "phases": []}
+    for path in args.trace:
+        written = given_trace(path)
+        print(f"  analysing {path.name}", file=sys.stderr)
+        row = measure(written, "given") | {"size": "given"}
+        results["rows"].append(row | {"events": row["kept"]})
+        results["limit"].append(under_limit(written, memory, int(config.cpu_seconds)))
+    if not args.sizes:
+        return results
     startup = generate(folder, 0, args.format, args, steps=3)  # the interpreter's start and imports
     results["rows"] += [measure(w, fmt) | {"size": "startup"} for fmt, w in startup]
     largest: list[tuple[str, Written]] = []
@@ -883,9 +899,11 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="time reading and diagnosing apart, and cProfile the smallest trace")
     parser.add_argument("--top", type=int, default=25, help="functions shown by --profile")
+    parser.add_argument("--trace", type=Path, action="append", default=[],
+                        help="also measure this trace file (repeatable)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    args.sizes = sorted(round(float(s) * MB) for s in args.sizes.split(","))
+    args.sizes = sorted(round(float(s) * MB) for s in args.sizes.split(",") if s.strip())
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
         results = run(args, args.keep)

@@ -1,17 +1,24 @@
-"""The agent's memory while it receives a profiler trace (not a test: run by hand).
+"""The agent's memory while it takes a profiler trace (not a test: run by hand).
 
-    python bench/capture_memory.py                        # the default cap (capture.max_trace_bytes)
+    python bench/capture_memory.py                  # gRPC, at the default cap (capture.max_trace_bytes)
     python bench/capture_memory.py --cap 64MiB --over 300MiB
+    python bench/capture_memory.py --kineto         # a PyTorch trace file (capture.kineto.max_trace_bytes)
 
-Starts `gpuscope run --simulate demo` as a subprocess and a stand-in TensorFlow/JAX profiler server
-(a gRPC server in another subprocess that answers Profile with an XSpace of a chosen size), then asks
-the agent for captures of that server through the control socket (`gpuscope capture --target`) and
-samples the agent's RSS every 5 ms. Reported, per trace size: RSS before, the peak during the
-capture, RSS 2 s after, the capture's outcome and how long it took.
+Starts `gpuscope run --simulate demo` as a subprocess and a stand-in target in another subprocess,
+then asks the agent for captures of it through the control socket (`gpuscope capture`) and samples
+the agent's RSS every 5 ms. Reported, per trace size: RSS before, the peak during the capture, RSS 2 s
+after, the capture's outcome and how long it took.
 
-Sizes: a trace just under the cap (what the agent may have to hold), and one well over it (what a
-target could send; the agent refuses it from gRPC's length prefix). gRPC holds a received message
-about three times over while it arrives, so the peak is near RSS + 3.6 x the trace size.
+gRPC (the default): the target is a TensorFlow/JAX profiler server that answers Profile with an XSpace
+of a chosen size. Sizes: a trace just under the cap (what the agent may have to hold), and one well over
+it (what a target could send; the agent refuses it from gRPC's length prefix). gRPC holds a received
+message about three times over while it arrives, so the peak is near RSS + 3.6 x the trace size.
+
+--kineto: the target is a scripted PyTorch job: it polls the agent's Kineto daemon as a job started with
+KINETO_USE_DAEMON=1 does and, given a trace config, writes a Chrome trace JSON of many events, of a
+chosen size, into trace_<pid>.json.tmp, then renames it. Sizes: just under capture.kineto.max_trace_bytes,
+and over it (refused before it is read). The agent streams the file into the store, compressed, one
+chunk at a time: the peak should not grow with the trace.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from typing import Any
 
 import psutil
 
-from gpuscope.capture.config import DEFAULT_MAX_TRACE_BYTES
+from gpuscope.capture.config import DEFAULT_KINETO_MAX_TRACE_BYTES, DEFAULT_MAX_TRACE_BYTES
 from gpuscope.common.sizes import format_size, parse_size
 
 MIB = 2**20
@@ -57,6 +64,55 @@ server.add_insecure_port(f"127.0.0.1:{port}")
 server.start()
 print("ready", flush=True)
 server.wait_for_termination()
+"""
+
+
+# A PyTorch job's side of the Kineto on-demand protocol, scripted: poll until a trace config comes,
+# "record" for its duration, then write trace_<pid>.json.tmp of about SIZE bytes and rename it.
+KINETO_JOB = r"""
+import os, socket, sys, time, uuid
+from pathlib import Path
+from gpuscope.capture.kineto.protocol import (
+    TYPE_REQUEST, client_address, encode_request, parse_config, socket_address, split_message)
+daemon, size = sys.argv[1], int(sys.argv[2])
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+sock.bind(client_address(daemon, str(uuid.uuid4())))
+sock.connect(socket_address(daemon))
+sock.settimeout(1.0)
+announced = False
+while True:
+    sock.send(encode_request((os.getpid(), os.getppid())))
+    try:
+        kind, body = split_message(sock.recv(65536), 0)
+    except (TimeoutError, ConnectionRefusedError):
+        time.sleep(0.5)
+        continue
+    if not announced:
+        print("ready", flush=True)
+        announced = True
+    if kind == TYPE_REQUEST and body:
+        config = parse_config(body)
+        break
+    time.sleep(0.5)
+time.sleep(int(config["ACTIVITIES_DURATION_MSECS"]) / 1000)
+final = Path(config["ACTIVITIES_LOG_FILE"]).with_name(f"trace_{os.getpid()}.json")
+temporary = final.with_name(final.name + ".tmp")
+pid = os.getpid()
+block = "".join(
+    f'{{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": {pid}, "tid": {pid}, "ts": {n * 3}, '
+    f'"dur": 2, "args": {{"External id": {n}, "Sequence number": {n % 977}}}}},\n'
+    for n in range(2000)).encode()
+head = b'{"schemaVersion": 1, "traceEvents": [\n'
+tail = b'{"ph": "X", "cat": "Trace", "name": "bench", "pid": 1, "tid": 1, "ts": 0, "dur": 1}\n]}\n'
+with temporary.open("wb") as out:
+    out.write(head)
+    written = len(head) + len(tail)
+    while written + len(block) <= size:
+        out.write(block)
+        written += len(block)
+    out.write(tail)
+os.rename(temporary, final)
+sys.stdin.read()
 """
 
 
@@ -97,39 +153,76 @@ def serve_trace(size: int) -> tuple[subprocess.Popen[str], int]:
     return server, port
 
 
+def measured_capture(agent: psutil.Process, socket_path: Path, size: int, selector: list[str],
+                     timeout: float) -> dict[str, Any]:
+    """One `gpuscope capture SELECTOR` through the agent's control socket, with the agent's RSS before,
+    at its peak (sampled every 5 ms) and 2 s after."""
+    before = agent.memory_info().rss
+    started = time.monotonic()
+    with RssSampler(agent.pid) as sampler:
+        done = subprocess.run(
+            [sys.executable, "-m", "gpuscope", "capture", "--socket", str(socket_path), *selector,
+             "--duration", "1s", "--json"], capture_output=True, text=True, timeout=timeout, check=False)
+    elapsed = time.monotonic() - started
+    time.sleep(2.0)
+    after = agent.memory_info().rss
+    return {"trace_bytes": size, "rss_before": before, "rss_peak": sampler.peak, "rss_after": after,
+            **_outcome(done), "seconds": round(elapsed, 2)}
+
+
 def capture_once(agent: psutil.Process, socket_path: Path, size: int) -> dict[str, Any]:
     server, port = serve_trace(size)
     try:
-        before = agent.memory_info().rss
-        started = time.monotonic()
-        with RssSampler(agent.pid) as sampler:
-            done = subprocess.run(
-                [sys.executable, "-m", "gpuscope", "capture", "--socket", str(socket_path), "--target",
-                 f"127.0.0.1:{port}", "--duration", "1s", "--json"], capture_output=True, text=True,
-                timeout=120, check=False)
-        elapsed = time.monotonic() - started
-        time.sleep(2.0)
-        after = agent.memory_info().rss
+        return measured_capture(agent, socket_path, size, ["--target", f"127.0.0.1:{port}"], 120)
     finally:
         server.kill()
         server.wait()
+
+
+def start_kineto_job(daemon: str, size: int) -> subprocess.Popen[str]:
+    # Its stderr is dropped: a job whose trace the agent gave up on fails to rename it, by design.
+    job = subprocess.Popen([sys.executable, "-c", KINETO_JOB, daemon, str(size)], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert job.stdout is not None and job.stdout.readline().strip() == "ready"
+    return job
+
+
+def capture_kineto_once(agent: psutil.Process, socket_path: Path, daemon: str, size: int) -> dict[str, Any]:
+    job = start_kineto_job(daemon, size)
+    try:
+        return measured_capture(agent, socket_path, size, ["--pid", str(job.pid)], 600)
+    finally:
+        job.kill()
+        job.wait()
+
+
+def _outcome(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     try:
         record = json.loads(done.stdout)
-        outcome, error = record.get("outcome"), record.get("error")
+        return {"outcome": record.get("outcome"), "error": record.get("error"),
+                "stored_bytes": record.get("bytes")}
     except json.JSONDecodeError:
-        outcome, error = "error", (done.stderr or done.stdout).strip()[-300:]
-    return {"trace_bytes": size, "rss_before": before, "rss_peak": sampler.peak, "rss_after": after,
-            "outcome": outcome, "error": error, "seconds": round(elapsed, 2)}
+        return {"outcome": "error", "error": (done.stderr or done.stdout).strip()[-300:]}
 
 
-def run(cap: int, sizes: list[int]) -> list[dict[str, Any]]:
+def run(cap: int, sizes: list[int], *, kineto: bool = False) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="gpuscope-bench-") as tmp:
         folder = Path(tmp)
         control = folder / "control.sock"
         config = folder / "gpuscope.yml"
-        config.write_text(f"capture:\n  max_trace_bytes: {cap}\n  store:\n    root: {folder / 'captures'}\n"
-                          f"    quota_bytes: {4 * max(sizes) + 64 * MIB}\n    min_free_bytes: 0\n"
-                          f"control:\n  socket: {control}\n")
+        kineto_ipc = folder / "kineto-ipc"
+        capture: dict[str, Any] = {
+            "store": {"root": str(folder / "captures"), "quota_bytes": 4 * max(sizes) + 64 * MIB,
+                      "min_free_bytes": 0}}
+        if kineto:
+            capture["kineto"] = {"max_trace_bytes": cap, "trace_dir": str(folder / "kineto-traces"),
+                                 "socket_dir": str(kineto_ipc)}
+            # The diagnosis of a stored trace runs in a child process of its own, not measured here.
+            capture["analysis"] = {"enabled": False}
+        else:
+            capture["max_trace_bytes"] = cap
+        # JSON is YAML
+        config.write_text(json.dumps({"capture": capture, "control": {"socket": str(control)}}))
         agent = subprocess.Popen(
             [sys.executable, "-m", "gpuscope", "run", "--simulate", "demo", "--config", str(config),
              "--log-level", "warning", "--web.listen-address", f"127.0.0.1:{free_port()}"],
@@ -142,6 +235,9 @@ def run(cap: int, sizes: list[int]) -> list[dict[str, Any]]:
                 time.sleep(0.1)
             time.sleep(3.0)  # warm-up
             proc = psutil.Process(agent.pid)
+            if kineto:
+                daemon = str(kineto_ipc / "dynolog")
+                return [capture_kineto_once(proc, control, daemon, size) for size in sizes]
             return [capture_once(proc, control, size) for size in sizes]
         finally:
             agent.terminate()
@@ -151,20 +247,30 @@ def run(cap: int, sizes: list[int]) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cap", default=str(DEFAULT_MAX_TRACE_BYTES), help="capture.max_trace_bytes")
-    parser.add_argument("--over", default="300MiB", help="a trace size over the cap")
+    parser.add_argument("--kineto", action="store_true",
+                        help="a PyTorch job's trace file (capture.kineto.max_trace_bytes), not gRPC")
+    parser.add_argument("--cap", help="capture.max_trace_bytes (gRPC; default 64MiB), or "
+                                      "capture.kineto.max_trace_bytes with --kineto (default 1GiB)")
+    parser.add_argument("--over", help="a trace size over the cap (default: 300MiB; with --kineto, the cap "
+                                       "and 64MiB)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    cap, over = parse_size(args.cap), parse_size(args.over)
-    results = run(cap, [cap - 2 * MIB, over])
+    default_cap = DEFAULT_KINETO_MAX_TRACE_BYTES if args.kineto else DEFAULT_MAX_TRACE_BYTES
+    cap = parse_size(args.cap) if args.cap else default_cap
+    over = parse_size(args.over) if args.over else (cap + 64 * MIB if args.kineto else 300 * MIB)
+    results = run(cap, [cap - 2 * MIB, over], kineto=args.kineto)
+    setting = "capture.kineto.max_trace_bytes" if args.kineto else "capture.max_trace_bytes"
     if args.json:
-        print(json.dumps({"cap": cap, "runs": results}, indent=2))
+        print(json.dumps({"setting": setting, "cap": cap, "runs": results}, indent=2))
         return
-    print(f"capture.max_trace_bytes {format_size(cap)}")
-    print(f"{'trace':>10} {'outcome':>9} {'RSS before':>11} {'peak':>9} {'after':>9} {'time':>6}")
+    print(f"{setting} {format_size(cap)}")
+    print(f"{'trace':>10} {'outcome':>9} {'RSS before':>11} {'peak':>9} {'after':>9} {'time':>6} "
+          f"{'stored':>10}")
     for r in results:
+        stored = format_size(int(r.get("stored_bytes") or 0))
         print(f"{format_size(r['trace_bytes']):>10} {r['outcome']:>9} {r['rss_before'] / MIB:>9.0f}Mi "
-              f"{r['rss_peak'] / MIB:>7.0f}Mi {r['rss_after'] / MIB:>7.0f}Mi {r['seconds']:>5.1f}s")
+              f"{r['rss_peak'] / MIB:>7.0f}Mi {r['rss_after'] / MIB:>7.0f}Mi {r['seconds']:>5.1f}s "
+              f"{stored:>10}")
         if r["outcome"] != "captured" and r["error"]:
             print(f"{'':>10} {r['error'][:150]}")
 

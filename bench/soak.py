@@ -328,7 +328,8 @@ def summarize(args: argparse.Namespace, tmp: Path, run: Run) -> dict[str, Any]:
         "alert_transitions": labelled_sum(metrics, "gpuscope_alert_transitions_total"),
         "event_log_lines": sum(1 for _ in events.open()) if events.exists() else 0,
         "captures": {outcome: labelled_sum(metrics, "gpuscope_captures_total", f'outcome="{outcome}"')
-                     for outcome in ("captured", "empty", "failed", "refused", "unreachable", "busy")},
+                     for outcome in ("captured", "empty", "failed", "refused", "unreachable", "exited",
+                                     "busy")},
         "last_sample_duration_ms": round(
             (sample_value(metrics, "gpuscope_sample_duration_seconds") or 0.0) * 1000, 3),
         "agent_log": log_summary(tmp / "agent.log"),

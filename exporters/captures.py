@@ -89,9 +89,9 @@ class CaptureCollector(Collector):
         if self._findings is not None:
             findings = CounterMetricFamily(
                 "gpuscope_capture_findings",
-                "Analysed captures since the agent started by what their traces showed (input_bound, "
-                "host_sync, launch_bound, communication_wait, idle_between_steps; healthy: none of "
-                "them), in captures.", labels=("finding",))
+                "Analysed captures since the agent started by the findings their traces showed (each "
+                "finding's kind, such as input_bound or tensor_cores_idle; healthy: none that holds a "
+                "step back), in captures.", labels=("finding",))
             for finding, count in sorted(self._findings.finding_counts().items()):
                 findings.add_metric((finding,), float(count))
             families.append(findings)

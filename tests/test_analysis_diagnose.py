@@ -225,7 +225,7 @@ def test_findings_come_most_severe_first(tmp_path: Path) -> None:
     def build(t: KinetoTrace, start: float, n: int) -> None:
         t.host("user_annotation", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", start, 800.0)
         end = kernels(t, start + 800.0, 5_000.0)
-        t.host("cpu_op", "aten::_save_checkpoint", end + 10.0, 3_000.0)
+        t.host("cpu_op", "aten::_save_checkpoint", end + 10.0, start + STEP_US - end - 20.0)
 
     diagnosis = run(tmp_path, build)
     assert [(f.kind, f.severity) for f in diagnosis.findings] == [("idle_between_steps", "high"),
@@ -415,3 +415,26 @@ def test_a_real_pytorch_trace_from_an_h200_is_host_sync_with_its_sync_points_cou
     assert {e.name for e in found.evidence} == {"aten::_local_scalar_dense", "cudaStreamSynchronize"}
     assert diagnosis.breakdown["compute"] == pytest.approx(1.0 - found.share, abs=0.02)
     assert diagnosis.breakdown["input"] < 0.01  # no DataLoader: nothing waits on one
+
+
+def test_an_optimizers_reads_of_its_cpu_step_counters_are_not_sync_points_on_a_cpu_trace(
+        tmp_path: Path) -> None:
+    """AdamW reads each parameter's step counter (a CPU tensor) with .item(): on a trace without the
+    device's side, those are not synchronisation points; a read in the step's own code still is."""
+    trace = KinetoTrace()
+    for n in range(STEPS):
+        start = 1_000_000.0 + n * STEP_US
+        trace.host("user_annotation", f"ProfilerStep#{n}", start, STEP_US)
+        trace.host("user_annotation", "Optimizer.step#AdamW.step", start + 6_000.0, 3_000.0)
+        for k in range(32):
+            trace.host("cpu_op", "aten::_local_scalar_dense", start + 6_010.0 + k * 50.0, 5.0)
+        if n % 2 == 0:
+            trace.host("cpu_op", "aten::_local_scalar_dense", start + 9_500.0, 5.0)  # loss.item() every 2
+    trace.events = [e for e in trace.events if e.get("cat") != "kernel"]
+    path = tmp_path / "cpu.pt.trace.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": trace.events}))
+    diagnosis = diagnose(read_kineto(path))
+    assert not diagnosis.device
+    (check,) = [c for c in diagnosis.checks if c.kind == "host_sync"]
+    assert check.value == 0.5
+    assert diagnosis.verdict == "healthy"

@@ -149,6 +149,16 @@ def test_the_summary_keeps_the_most_severe_findings_first_and_bounded() -> None:
     assert summary["findings"][1]["trace"] == "a.pt.trace.json"
     assert len(summary["findings"][1]["summary"]) == 300
     assert summarise({"traces": [{"findings": []}]})["verdict"] == "healthy"
+    # A low finding (an opportunity) is kept, and the verdict stays healthy.
+    low = summarise({"traces": [{"source": "c", "findings": [
+        {"kind": "optimizer_heavy", "severity": "low", "share": 0.26, "summary": "fused", "evidence": []}]}]})
+    assert (low["verdict"], [f["kind"] for f in low["findings"]]) == ("healthy", ["optimizer_heavy"])
+    assert low["headline"].startswith("healthy: ")
+    # At equal severity the device's idle time comes before what it is busy with.
+    both = summarise({"traces": [{"source": "d", "findings": [
+        {"kind": "tensor_cores_idle", "severity": "high", "share": 0.6, "summary": "fp32", "evidence": []},
+        {"kind": "input_bound", "severity": "high", "share": 0.3, "summary": "waits", "evidence": []}]}]})
+    assert [f["kind"] for f in both["findings"]] == ["input_bound", "tensor_cores_idle"]
 
 
 def test_the_findings_counter_has_every_finding_from_zero(store: CaptureStore) -> None:
@@ -168,8 +178,10 @@ def test_the_findings_counter_has_every_finding_from_zero(store: CaptureStore) -
     worker = AnalysisWorker(store, LIMITS)
     families = {f.name: f for f in CaptureCollector(Stats(), worker).collect()}
     samples = {s.labels["finding"]: s.value for s in families["gpuscope_capture_findings"].samples}
-    assert samples == {"input_bound": 0, "host_sync": 0, "launch_bound": 0, "communication_wait": 0,
-                       "idle_between_steps": 0, "healthy": 0}
+    assert samples == {"input_bound": 0, "host_bound": 0, "host_sync": 0, "launch_bound": 0,
+                       "communication_wait": 0, "idle_between_steps": 0, "shared_gpu": 0,
+                       "tensor_cores_idle": 0, "costly_op": 0, "layout_conversion": 0, "small_grids": 0,
+                       "optimizer_heavy": 0, "healthy": 0}
 
 
 def test_captures_ls_and_the_status_page_show_the_verdict() -> None:

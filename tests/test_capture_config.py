@@ -48,6 +48,10 @@ def test_defaults() -> None:
     assert (config.duration, config.max_duration, config.cooldown) == (2.0, 30.0, 900.0)
     assert config.hourly_budget == 6
     assert config.deadline_margin == 10.0
+    # gRPC responses are held in memory (64 MiB); Kineto trace files are streamed from disk (1 GiB),
+    # and a job may take minutes to write one after its recording.
+    assert (config.max_trace_bytes, config.kineto.max_trace_bytes) == (64 * 2**20, 2**30)
+    assert config.kineto.write_timeout == 300.0
     assert config.profiler_ports == [6009]
     assert config.targets == [] and config.rules == {}
     assert set(CAPTURES_BY_DEFAULT) == set(RULE_TYPES)
@@ -77,6 +81,8 @@ def test_values_as_people_write_them() -> None:
                               "socket_dir": "/run/gpuscope/kineto/ipc"}}).kineto
     assert kineto.trace_dir == Path("/run/gpuscope/kineto/traces")
     assert kineto.socket_dir == Path("/run/gpuscope/kineto/ipc")
+    kineto = load({"kineto": {"max_trace_bytes": "4GiB", "write_timeout": "10m"}}).kineto
+    assert (kineto.max_trace_bytes, kineto.write_timeout) == (4 * 2**30, 600.0)
     assert load({"store": {"quota_bytes": "1.5GB"}}).store.quota_bytes == 1_500_000_000
     assert load({"store": {"quota_bytes": 4 * 2**20}}).store.quota_bytes == 4 * 2**20
 
@@ -134,6 +140,14 @@ def test_values_as_people_write_them() -> None:
     ({"kineto": {"trace_dir": "/run/k", "socket_dir": "/run/k/ipc"}},
      "capture.kineto: trace_dir (/run/k) and socket_dir (/run/k/ipc) must be separate"),
     ({"kineto": {"trace_directory": "/run/k"}}, "capture.kineto.trace_directory: unknown key"),
+    ({"kineto": {"max_trace_bytes": "32GiB"}},
+     "capture.kineto.max_trace_bytes: must be from 1.0 MiB to 16.0 GiB (the size of a trace file on disk) "
+     "(got '32GiB')"),
+    ({"kineto": {"max_trace_bytes": "100KiB"}}, "capture.kineto.max_trace_bytes: must be from 1.0 MiB"),
+    ({"kineto": {"max_trace_bytes": "lots"}}, "capture.kineto.max_trace_bytes: expected a size"),
+    ({"kineto": {"write_timeout": "2h"}}, "capture.kineto.write_timeout: must be from 1s to 60m (got '2h')"),
+    ({"kineto": {"write_timeout": "500ms"}}, "capture.kineto.write_timeout: must be from 1s to 60m"),
+    ({"max_trace_bytes": "4GiB"}, "capture.max_trace_bytes: Input should be less than or equal to"),
 ])
 def test_bad_values_are_refused_by_path(capture: dict[str, Any], expected: str) -> None:
     found = problems(capture)

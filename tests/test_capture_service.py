@@ -3,17 +3,20 @@ captures it once, stores the trace with the alert's name, and respects the coold
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from capturing import Workload
+from snapshots import make_gpu, make_snapshot
 from test_alert_scenarios import ManualClock
 
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.model import Transition
 from gpuscope.alerts.rules import RulesConfig, build_rules
-from gpuscope.capture.config import CaptureConfig
-from gpuscope.capture.model import Trigger
+from gpuscope.capture.config import CaptureConfig, StaticTarget
+from gpuscope.capture.model import BackendResult, CaptureTarget, StagingArea, Trigger
 from gpuscope.capture.policy import CapturePolicy
 from gpuscope.capture.records import record_from_bytes
 from gpuscope.capture.service import CaptureRequest, CaptureService
@@ -95,3 +98,42 @@ def test_an_alert_captures_the_jax_job_once_then_cooldown(jax_job: Workload, tmp
         sampler.stop()
         simulation.uninstall()
         store.close()
+
+
+def test_the_processes_of_one_capture_are_profiled_at_the_same_time(tmp_path: Path) -> None:
+    """Two profilers named for GPU 0: each capture waits until the other has begun (a barrier), which
+    only a concurrent capture passes. Their traces then cover the same seconds, and two processes take
+    one capture's time."""
+    barrier = threading.Barrier(2, timeout=10)
+
+    class Rendezvous:
+        kind = "tsl"
+
+        def capture(self, target: CaptureTarget, duration_s: float, staging: StagingArea, *,
+                    deadline_s: float) -> BackendResult:
+            try:
+                barrier.wait()
+            except threading.BrokenBarrierError:
+                return BackendResult("failed", error="captured one after the other")
+            name = (target.address or "").replace(":", "_").replace(".", "_")
+            with staging.new_file(name, ".xplane.pb", folders=("plugins", "profile", staging.run)) as new:
+                new.file.write(b"\x0a\x00")
+                return BackendResult("captured", files=(new.publish(),))
+
+    config = CaptureConfig.model_validate({"store": {"root": str(tmp_path / "captures")}})
+    store = CaptureStore(tmp_path / "captures", quota_bytes=config.store.quota_bytes)
+    targets = [StaticTarget(address="127.0.0.1:6009", gpu=0), StaticTarget(address="127.0.0.1:6010", gpu=0)]
+    snapshot = make_snapshot([make_gpu(0, processes=())])
+    service = CaptureService(store=store, policy=CapturePolicy(config),
+                             resolver=TargetResolver(profiler_ports=[], static_targets=targets),
+                             backends={"tsl": Rendezvous()},  # type: ignore[dict-item]
+                             snapshots=SimpleNamespace(latest=lambda: snapshot),  # type: ignore[arg-type]
+                             hostname="node", deadline_margin_s=10.0)
+    service.start()
+    try:
+        record = service.submit(CaptureRequest(Trigger("user", user="me"), gpu=0)).result(timeout=30)
+    finally:
+        service.stop()
+        store.close()
+    assert [t.outcome for t in record.targets] == ["captured", "captured"], record
+    assert record.outcome == "captured" and len(record.files) == 2

@@ -28,7 +28,6 @@ from agent_process import RunningAgent, run_agent
 from capturing import WORKLOADS, free_port, require_jax, require_torch, start, stop, wait_ready
 
 from gpuscope.analysis.diagnose import HIGH
-from gpuscope.analysis.render import VERDICTS
 from gpuscope.cli.main import main
 
 PATTERN_WORKLOAD = WORKLOADS / "pattern_workload.py"
@@ -40,7 +39,9 @@ EXPECTED = {
     ("torch", "slow_input"): "input_bound",
     ("torch", "sync"): "host_sync",
     ("torch", "healthy"): "healthy",
-    ("jax", "slow_input"): "input_bound",
+    # The generator's sleep is Python the profiler does not trace: the thread that dispatches the
+    # steps runs no traced operation while the computation waits.
+    ("jax", "slow_input"): "host_bound",
     ("jax", "healthy"): "healthy",
 }
 CASES = [pytest.param(case, id=f"{case[0]}-{case[1]}") for case in EXPECTED]
@@ -138,6 +139,10 @@ def test_explain_names_the_problem(captured: Captured) -> None:
         # Loading a batch takes longer than the step's work: a severe finding (20% of the time or more).
         assert finding["severity"] == "high" and finding["share"] >= HIGH, captured.describe()
         assert finding["evidence"], captured.describe()
+    if expected == "host_bound":
+        assert finding["severity"] == "high" and finding["share"] >= HIGH, captured.describe()
+        assert any(e["name"].startswith("no traced operation on") for e in finding["evidence"]), \
+            captured.describe()
     if expected == "host_sync":
         # .item(), nonzero and the boolean mask (a nonzero inside): three read-backs a step, each named.
         # On the CPU their cost cannot be timed: counted, a moderate finding with no share.
@@ -180,4 +185,4 @@ def test_explain_a_downloaded_capture(captured: Captured, agent: Agent, tmp_path
     (trace,) = [name for name in captured.record["files"] if name.endswith(TRACE_SUFFIXES)]
     lines = out.splitlines()
     assert lines[0] == str(target / trace), out
-    assert lines[1] == f"  verdict: {VERDICTS[captured.report['verdict']]}", out
+    assert lines[1].startswith(f"  verdict: {captured.report['verdict']}"), out

@@ -692,7 +692,7 @@ def test_capture_collector_values_and_absence() -> None:
     assert {pair: value for pair, value in counted.items() if value} == {
         ("alert", "captured"): 3.0, ("alert", "refused"): 5.0, ("user", "unreachable"): 1.0}
     # Every other pair from 0, so that increase() sees each kind's first capture.
-    assert len(counted) == 4 * 6 and counted[("webhook", "captured")] == 0.0
+    assert len(counted) == 4 * 7 and counted[("webhook", "captured")] == 0.0
     assert [s.value for s in parsed["gpuscope_capture_store_bytes"].samples] == [12_345_678.0]
     assert [s.value for s in parsed["gpuscope_capture_last_timestamp_seconds"].samples] == [1_700_000_300.5]
     assert [s.value for s in parsed["gpuscope_capture_budget_remaining"].samples] == [6.0]

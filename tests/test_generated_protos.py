@@ -90,6 +90,18 @@ def test_wire_names() -> None:
     assert agent.methods_by_name["GetCapture"].server_streaming
 
 
+def test_every_capture_outcome_has_its_wire_name() -> None:
+    """The control API sends a record's outcome as OUTCOME_<NAME>: each one the agent has, and no other."""
+    from typing import get_args
+
+    from gpuscope.capture.model import OUTCOME_RANK, Outcome
+    from gpuscope.generated.agent.v1 import agent_pb2
+
+    assert set(OUTCOME_RANK) == set(get_args(Outcome))
+    wire = {name for name in agent_pb2.Outcome.keys() if name != "OUTCOME_UNSPECIFIED"}  # noqa: SIM118
+    assert wire == {f"OUTCOME_{outcome.upper()}" for outcome in get_args(Outcome)}
+
+
 def test_views_read_the_real_messages() -> None:
     """The views in views.proto decode what the real messages encode."""
     from gpuscope.generated.tsl import profiler_service_pb2, views_pb2, xplane_pb2

@@ -99,7 +99,17 @@ def test_a_process_is_traced_doing_what_its_gpu_does(node: Node, tmp_path: Path)
     result, spans = node.capture("sim-steps", tmp_path, 2.5)
     assert result.outcome == "captured", result
     pid = node.simulation.helper_pids["sim-steps"]
-    assert {e["pid"] for e in spans} == {pid} and {e["tid"] for e in spans} == {pid}
+    host = [e for e in spans if e["cat"] != "kernel"]
+    assert {e["pid"] for e in host} == {pid} and {e["tid"] for e in host} == {pid}
+    # The simulated GPU's kernels: on device 0's stream 7, each tied to a launch of the process's.
+    kernels = [e for e in spans if e["cat"] == "kernel"]
+    launches = {e["args"]["correlation"] for e in host if e["name"] == "cudaLaunchKernel"}
+    assert kernels and {(e["pid"], e["tid"]) for e in kernels} == {(0, 7)}
+    assert {e["args"]["correlation"] for e in kernels} == launches
+    # The device works while the host computes, and idles while it waits for its input.
+    device = sum(e["dur"] for e in kernels)
+    waiting_time = sum(e["dur"] for e in spans if e["name"] == INPUT_WAIT)
+    assert 0.6 < device / waiting_time < 1.6
     # Steps of one second: half computing, half waiting (an input-bound job).
     whole = [e for e in spans if e["name"].startswith("ProfilerStep#") and 0.9e6 < e["dur"] < 1.1e6]
     assert whole, spans

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gpuscope.simulate.loader import parse_scenario
-from gpuscope.simulate.work_shape import STEP_S, Step, WorkShape, work_spec
+from gpuscope.simulate.work_shape import FULL_FILL, STEP_S, Step, WorkShape, work_spec
 
 
 def shape_of(yaml: str, gpu: int = 0, process: int = 0) -> WorkShape:
@@ -94,3 +94,25 @@ def test_a_bad_work_spec_is_refused_when_the_helper_starts(spec: dict[str, objec
 def test_no_spec_is_a_process_that_only_waits() -> None:
     step = WorkShape({}).step_at(1.0)
     assert not step.active and step.end > 1.0
+
+
+def test_the_simulated_gpu_runs_a_shared_gpus_kernels_for_its_busy_part_and_fills_few_sms_when_stalled(
+        ) -> None:
+    yaml = """
+duration: 10s
+gpus:
+  - utilization: 0.8
+    phases:
+      - {from: 5s, gpm: {sm_active: 0.2}}
+    processes:
+      - {name: a, spawn: true, sm_share: 0.25}
+      - {name: b, spawn: true, sm_share: 0.75}
+"""
+    shape = shape_of(yaml, process=0)
+    step = shape.step_at(1.0)
+    assert close(step, 1.0, 1.02, 1.1)  # its own CPU work: a quarter of the GPU's 80%
+    # Time-sliced, its kernels stretch over the other process's slices: the GPU's whole busy part.
+    assert step.device_until == pytest.approx(1.08) and step.fill == FULL_FILL
+    assert shape.step_at(6.0).fill == pytest.approx(0.2)  # busy, but most SMs empty
+    alone = shape_of("duration: 10s\ngpus:\n  - utilization: 0.8\n    processes: [{name: p, spawn: true}]\n")
+    assert alone.step_at(1.0).device_until == pytest.approx(alone.step_at(1.0).busy_until)

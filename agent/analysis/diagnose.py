@@ -1,12 +1,16 @@
 """A trace's steps, and the findings that say where their time went.
 
 Every share is of the measured steps' wall time (from the first whole step's start to the last one's
-end). Device idle time within it is attributed once, in this order: waiting for input, behind a
-host-device synchronisation, in short gaps between kernels (launch overhead), anything else (idle
-between steps). Exposed communication (collective kernels with no computation beside them) is device
-time, counted apart. A finding is reported from MODERATE (5%) of the time and is severe from HIGH
-(20%): TensorFlow's input-pipeline analysis uses the same bounds for "moderately" and "highly"
-input-bound. Nothing is reported below them: a healthy trace gets no finding.
+end). The checklist is read in an expert's order: first, is the device idle, and why; then, what is
+it busy with (``busy_findings``).
+
+Device idle time within the steps is attributed once, in this order: waiting for input, behind a
+host-device synchronisation, in short gaps between kernels (launch overhead) or under the framework's
+dispatch, while the thread that dispatches the steps runs no traced operation (host-bound: untraced
+Python), anything else (idle between steps). Exposed communication (collective kernels with no
+computation beside them) is device time, counted apart. The thresholds of each finding are in
+``findings``: nothing is reported below them, so a healthy trace gets no finding, and its report
+lists what was checked.
 
 On a trace without device activity (a CPU run) only what the host shows is measured: the time spent
 waiting for input, and host-device synchronisation points counted per step.
@@ -18,52 +22,43 @@ import statistics
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from gpuscope.analysis.busy_findings import BusyContext, busy_findings
+from gpuscope.analysis.device_profile import device_profile
+from gpuscope.analysis.evidence import MAX_EVIDENCE, EvidenceFinder
+from gpuscope.analysis.findings import (
+    BOUNDS,
+    FINDING_KINDS,
+    IDLE_BOUNDS,
+    SYNCS_PER_STEP,
+    Check,
+    Evidence,
+    Finding,
+    Severity,
+    percent,
+    rank,
+    verdict_of,
+)
 from gpuscope.analysis.intervals import IntervalSet
 from gpuscope.analysis.model import DEVICE_KINDS, Kind, Trace
 from gpuscope.analysis.patterns import (
     COLLECTIVE_KERNEL,
     DISPATCH_OP,
-    FINDING_KINDS,
     INPUT_OP,
     INPUT_PYTHON,
     LAUNCH_RUNTIME,
-    LIBRARY_FRAME,
     REMEDIES,
     SYNC_OPS,
     SYNC_RUNTIME,
 )
 from gpuscope.analysis.steps import Step, Steps, find_steps
 
-Severity = Literal["high", "moderate"]
-HIGH = 0.20
-MODERATE = 0.05
+HIGH = IDLE_BOUNDS.high
+MODERATE = IDLE_BOUNDS.moderate
 SHORT_GAP_US = 1000.0  # a device gap this short between two kernels is launch overhead, not a stall
 SHORT_KERNEL_US = 50.0
-SYNCS_PER_STEP = 1.0  # on a trace without device: this many synchronisation points per step is a finding
-MAX_EVIDENCE = 5
-_SITE_SCAN = 20_000  # Python frames looked at, backwards, for one call site
-_SITE_SAMPLES = 50  # events of one name whose call site is looked up
-
-
-@dataclass(frozen=True, slots=True)
-class Evidence:
-    name: str  # an operation, kernel or Python function
-    count: int  # occurrences in the measured steps
-    time_ms: float  # its time (for input and idle: the device idle time behind it) in the steps
-    site: str = ""  # the Python call site outside library code, when the trace has stacks
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    kind: str
-    severity: Severity
-    share: float | None  # of the steps' time; None where it cannot be measured (CPU traces)
-    per_step: float | None  # occurrences per step, where counting is the measure
-    summary: str
-    evidence: tuple[Evidence, ...]
-    remedy: str
+OPTIMIZER_STEP = "Optimizer.step#"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +75,17 @@ class Diagnosis:
     breakdown: dict[str, float]  # shares of the steps' time
     findings: tuple[Finding, ...]
     limits: tuple[str, ...] = field(default_factory=tuple)
+    checks: tuple[Check, ...] = field(default_factory=tuple)  # the checklist as measured
+    device_profile: dict[str, Any] | None = None  # what the device was busy with (DeviceProfile.to_json)
 
     @property
     def verdict(self) -> str:
-        return self.findings[0].kind if self.findings else "healthy"
+        return verdict_of(self.findings)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["verdict"] = self.verdict
+        data["checks"] = [{**asdict(check), "passed": check.passed} for check in self.checks]
         return data
 
 
@@ -105,6 +103,9 @@ class _Analysis:
         self.n = len(steps.steps)
         self.limits: list[str] = []
         self.breakdown: dict[str, float] = {}
+        self.checks: list[Check] = []
+        self.profile: dict[str, Any] | None = None
+        self.evidence = EvidenceFinder(trace, self.window)
         self._busy_set = IntervalSet.empty()
 
     # ---------------------------------------------------------------- the whole
@@ -126,14 +127,15 @@ class _Analysis:
         if not trace.has_stacks:
             self.limits.append("No Python stacks in the trace: call sites are not shown (torch.profiler "
                                "with_stack=True; python_tracer_level=1 for TensorFlow and JAX).")
-        findings.sort(key=lambda f: (f.severity != "high", -(f.share if f.share is not None else MODERATE),
-                                     FINDING_KINDS.index(f.kind)))
+        findings.sort(key=rank)
+        order = {kind: i for i, kind in enumerate(FINDING_KINDS)}
         return Diagnosis(
             source=trace.source, format=trace.format, framework=trace.framework, device=trace.has_device,
             events=trace.events_read, steps=self.n, step_method=self.steps.method,
             step_marker=self.steps.marker, mean_step_ms=round(self.steps.time / max(self.n, 1) / 1e3, 3),
             breakdown={k: round(v, 4) for k, v in self.breakdown.items()}, findings=tuple(findings),
-            limits=tuple(self.limits))
+            limits=tuple(self.limits), checks=tuple(sorted(self.checks, key=lambda c: order[c.kind])),
+            device_profile=self.profile)
 
     def _note_start_up(self) -> None:
         """A trace whose device starts working late in it recorded start-up (CUDA context creation,
@@ -161,11 +163,7 @@ class _Analysis:
         self._busy_set = busy
         a, b = self.window
         idle = IntervalSet.merge([(a, b)]).difference(busy)
-        input_spans = self._matching(INPUT_OP, INPUT_PYTHON)
-        input_idle = IntervalSet.merge(input_spans).intersection(idle)
-        inferred = False
-        if not len(input_spans) and not self.trace.has_stacks:
-            input_idle, inferred = self._untraced_step_heads(busy, idle), True
+        input_idle = IntervalSet.merge(self._matching(INPUT_OP, INPUT_PYTHON)).intersection(idle)
         sync_events = self._sync_events()
         behind = IntervalSet.merge(self._gaps_behind(busy, sync_events))
         sync_idle = behind.intersection(idle).difference(input_idle)
@@ -175,7 +173,12 @@ class _Analysis:
         dispatching = self._merge_named((Kind.HOST_OP,), lambda name: bool(DISPATCH_OP.match(name)))
         dispatch_idle = dispatching.intersection(idle).difference(input_idle).difference(sync_idle)
         launch_idle = short_gaps.difference(input_idle).difference(sync_idle).union(dispatch_idle)
-        other_idle = idle.difference(input_idle).difference(sync_idle).difference(launch_idle)
+        track = self._dispatch_track()
+        untraced = self._untraced(track)
+        host_idle = untraced.intersection(idle).difference(input_idle).difference(sync_idle).difference(
+            launch_idle)
+        other_idle = idle.difference(input_idle).difference(sync_idle).difference(launch_idle).difference(
+            host_idle)
         comm = self._merge_named(DEVICE_KINDS, lambda name: bool(COLLECTIVE_KERNEL.search(name)))
         compute = busy.difference(comm) if len(comm) else busy
         exposed_comm = comm.difference(self._merge_named(
@@ -186,34 +189,71 @@ class _Analysis:
             self.breakdown = {"busy": share(busy), "compute": share(compute),
                               "communication": share(exposed_comm), "input": share(input_idle),
                               "host_sync": share(sync_idle), "launch_gaps": share(launch_idle),
-                              "other_idle": share(other_idle)}
+                              "host_untraced": share(host_idle), "other_idle": share(other_idle)}
         else:  # XLA on the CPU: no kernels to launch, no collectives
             self.breakdown = {"busy": share(busy), "input": share(input_idle),
-                              "dispatch": share(launch_idle), "other_idle": share(other_idle)}
-        findings = []
-        finding = self._input_finding(share(input_idle), input_idle, inferred)
-        findings += [finding] if finding else []
-        finding = self._sync_finding(sync_events, share(sync_idle), behind)
-        findings += [finding] if finding else []
-        finding = self._launch_finding(share(launch_idle), launch_idle, dispatching)
-        findings += [finding] if finding else []
-        finding = self._comm_finding(share(exposed_comm))
-        findings += [finding] if finding else []
-        finding = self._idle_finding(share(other_idle), other_idle)
-        findings += [finding] if finding else []
+                              "dispatch": share(launch_idle), "host_untraced": share(host_idle),
+                              "other_idle": share(other_idle)}
+        found = [
+            self._input_finding(share(input_idle), input_idle),
+            self._host_bound_finding(share(host_idle), host_idle, track, busy),
+            self._sync_finding(sync_events, share(sync_idle), behind),
+            self._launch_finding(share(launch_idle), launch_idle, dispatching),
+            self._comm_finding(share(exposed_comm)) if self.trace.has_device else None,
+            self._idle_finding(share(other_idle), other_idle),
+        ]
+        for kind, value in (("input_bound", share(input_idle)), ("host_bound", share(host_idle)),
+                            ("launch_bound", share(launch_idle)),
+                            ("communication_wait", share(exposed_comm)),
+                            ("idle_between_steps", share(other_idle))):
+            if kind != "communication_wait" or self.trace.has_device:
+                self.checks.append(Check(kind, round(value, 4), BOUNDS[kind].moderate))
+        findings = [f for f in found if f is not None]
+        if self.trace.has_device:
+            findings += self._busy_with_what(share(busy))
         return findings
 
-    def _untraced_step_heads(self, busy: IntervalSet, idle: IntervalSet) -> IntervalSet:
-        """Without input markers or Python stacks: the idle time at the start of each step before its
-        first computation, less the framework's own operations (dispatch, compilation). In a loop of
-        ``batch = next(data); state = step(state, batch)`` that is the wait for ``next``."""
-        host = self._merge(Kind.HOST_OP)
-        heads = []
-        for step in self.steps.steps:
-            gaps = busy.gaps(step.start, step.end)
-            if gaps and gaps[0][0] == step.start and gaps[0][1] < step.end:
-                heads.append(gaps[0])
-        return IntervalSet.merge(heads).difference(host).intersection(idle)
+    def _busy_with_what(self, busy_share: float) -> list[Finding]:
+        profile = device_profile(self.trace, self.window)
+        if profile is None:
+            return []
+        self.profile = profile.to_json()
+        findings, checks = busy_findings(BusyContext(profile, self.n, self.time, busy_share,
+                                                     self.trace.compute_capability))
+        self.checks += checks
+        return findings
+
+    def _dispatch_track(self) -> int:
+        """The thread that dispatches the steps: the one whose events mark them, or else the one that
+        launches the most kernels; -1 when the trace shows none."""
+        if self.steps.track >= 0:
+            return self.steps.track
+        runtime, names = self.trace.spans[Kind.RUNTIME], self.trace.names
+        launches: dict[int, int] = {}
+        for i in range(len(runtime)):
+            if LAUNCH_RUNTIME.match(names[runtime.name[i]]):
+                launches[runtime.track[i]] = launches.get(runtime.track[i], 0) + 1
+        return max(launches, key=launches.__getitem__) if launches else -1
+
+    def _untraced(self, track: int) -> IntervalSet:
+        """The steps' time in which ``track`` runs no traced event: no operation, Python function or
+        runtime call open on it. A span longer than any step wraps the loop (``<module>``, an outer
+        annotation) and says nothing of what runs inside."""
+        a, b = self.window
+        if track < 0:
+            return IntervalSet.empty()
+        longest = max(step.duration for step in self.steps.steps)
+        covered = []
+        for kind in (Kind.HOST_OP, Kind.PYTHON, Kind.RUNTIME):
+            spans = self.trace.spans[kind]
+            for i in range(len(spans)):
+                if spans.track[i] != track:
+                    continue
+                dur = spans.dur[i]
+                if (dur > longest and self.n > 1) or dur >= 0.9 * self.time:
+                    continue
+                covered.append((spans.start[i], spans.start[i] + dur))
+        return IntervalSet.merge([(a, b)]).difference(IntervalSet.merge(covered))
 
     # ---------------------------------------------------------------- without a device
 
@@ -223,65 +263,106 @@ class _Analysis:
                            "synchronisation points are counted, not timed.")
         input_set = IntervalSet.merge(self._matching(INPUT_OP, INPUT_PYTHON))
         self.breakdown = {"input": self._share(input_set)}
-        findings = []
-        finding = self._input_finding(self._share(input_set), input_set, False)
-        findings += [finding] if finding else []
-        finding = self._sync_finding(self._sync_events(), None, IntervalSet.empty())
-        findings += [finding] if finding else []
-        return findings
+        self.checks.append(Check("input_bound", round(self._share(input_set), 4),
+                                 BOUNDS["input_bound"].moderate))
+        sync_events = self._sync_events()
+        self.checks.append(Check("host_sync", round(len(sync_events) / max(self.n, 1), 2), SYNCS_PER_STEP,
+                                 unit="per_step"))
+        found = [self._input_finding(self._share(input_set), input_set),
+                 self._sync_finding(sync_events, None, IntervalSet.empty())]
+        return [f for f in found if f is not None]
 
     # ---------------------------------------------------------------- findings
 
-    def _input_finding(self, share: float, waiting: IntervalSet, inferred: bool) -> Finding | None:
-        severity = _severity(share)
+    def _input_finding(self, share: float, waiting: IntervalSet) -> Finding | None:
+        severity = BOUNDS["input_bound"].severity(share)
         if severity is None:
             return None
-        if inferred:
-            evidence: tuple[Evidence, ...] = (Evidence(
-                "host time before each step's first computation (no input markers or Python stacks in "
-                "the trace: inferred)", self.n, round(self._covered(waiting) / 1e3, 3)),)
-        else:
-            evidence = self._evidence(self._indices(INPUT_OP, INPUT_PYTHON), waiting)
+        evidence = self.evidence.rows(self._indices(INPUT_OP, INPUT_PYTHON), waiting)
         where = ("the device waits" if self.trace.has_device
                  else "the compiled computation waits" if self._busy_kind() else "each step waits")
         return Finding("input_bound", severity, round(share, 4), None,
-                       f"{_percent(share)} of the step time {where} for input"
-                       f"{' (inferred)' if inferred else ''}", evidence, REMEDIES["input_bound"])
+                       f"{percent(share)} of the step time {where} for input", evidence,
+                       REMEDIES["input_bound"])
+
+    def _host_bound_finding(self, share: float, untraced_idle: IntervalSet, track: int,
+                            busy: IntervalSet) -> Finding | None:
+        severity = BOUNDS["host_bound"].severity(share)
+        if severity is None:
+            return None
+        n = max(self.n, 1)
+        step_ms = self.time / n / 1e3
+        untraced_ms = self._covered(untraced_idle) / n / 1e3
+        busy_ms = self._covered(busy) / n / 1e3
+        thread = self.trace.tracks[track]
+        marker = self.steps.marker or "the steps"
+        device = "device" if self.trace.has_device else "compiled computation"
+        summary = (f"the {device} idles {percent(share)} of the step time while the thread that dispatches "
+                   f"{marker} (every {step_ms:.1f} ms) runs no traced operation: {untraced_ms:.1f} ms "
+                   f"of untraced host time per step against {busy_ms:.1f} ms of {device} work per step. "
+                   "This is Python the profiler does not trace; in a step(next(batches)) loop, the input "
+                   "pipeline")
+        marked = [i for i in range(len(self.trace.spans[Kind.HOST_OP]))
+                  if self.trace.names[self.trace.spans[Kind.HOST_OP].name[i]] == self.steps.marker]
+        dispatch_ms = sum(self.trace.spans[Kind.HOST_OP].dur[i] for i in marked
+                          if self.window[0] <= self.trace.spans[Kind.HOST_OP].start[i] < self.window[1])
+        kernels = sum(1 for kind in DEVICE_KINDS for s in self.trace.spans[kind].start
+                      if self.window[0] <= s < self.window[1])
+        evidence = [Evidence(f"no traced operation on {thread}", self.n, round(untraced_ms * n, 3),
+                             detail=f"{untraced_ms:.1f} ms per step with the {device} idle")]
+        if self.steps.marker:
+            evidence.insert(0, Evidence(marker, self.n, round(dispatch_ms / 1e3, 3),
+                                        detail=f"dispatches a step every {step_ms:.1f} ms"))
+        evidence.append(Evidence(f"{device} work", kernels or self.n, round(busy_ms * n, 3),
+                                 detail=f"{busy_ms:.1f} ms per step"))
+        return Finding("host_bound", severity, round(share, 4), None, summary, tuple(evidence),
+                       REMEDIES["host_bound"])
 
     def _sync_finding(self, events: list[tuple[float, float, str, int]], share: float | None,
                       behind: IntervalSet) -> Finding | None:
+        per_step = len(events) / max(self.n, 1)
+        if share is not None:
+            self.checks.append(Check("host_sync", round(per_step, 2), SYNCS_PER_STEP, unit="per_step",
+                                     note=f"device idle behind them {percent(share)}"))
         if not events or not self.n:
             return None
-        per_step = len(events) / self.n
+        severity: Severity | None
         if share is None:
             if per_step < SYNCS_PER_STEP:
                 return None
-            severity: Severity = "moderate"
+            severity = "moderate"
             summary = (f"{per_step:.1f} host-device synchronisation points per step (each stalls a GPU "
                        "until the host reads the value back; their cost cannot be timed on this trace)")
-        else:
-            found = _severity(share)
-            if found is None:
-                return None
-            severity = found
+        elif (severity := BOUNDS["host_sync"].severity(share)) is not None:
             summary = (f"{per_step:.1f} host-device synchronisation points per step; the device idles "
-                       f"behind them {_percent(share)} of the step time")
+                       f"behind them {percent(share)} of the step time")
+        elif per_step >= SYNCS_PER_STEP and (blocked := self._share(IntervalSet.merge(
+                (s, e) for s, e, _, _ in events))) >= BOUNDS["host_sync"].moderate:
+            # The device stays busy: the work queued before each sync outlasts the host's wait. The host
+            # cannot run ahead of the device, though: any hiccup on the host becomes device idle time.
+            severity = "low"
+            summary = (f"{per_step:.1f} host-device synchronisation points per step; the device stays busy "
+                       f"through them, but the host is blocked in them {percent(blocked)} of the step time "
+                       "and cannot run ahead: any delay on the host becomes device idle time")
+        else:
+            return None
         counts: dict[str, list[tuple[float, float, int]]] = {}
         for start, end, name, track in events:
             counts.setdefault(name, []).append((start, end, track))
         evidence = []
         for name, spans in sorted(counts.items(), key=lambda kv: -len(kv[1]))[:MAX_EVIDENCE]:
-            if len(behind):  # each gap once, however many synchronisations of this name ended in it
+            if len(behind) and severity != "low":  # each gap once, however many of this name ended in it
                 gaps = set(self._gaps_behind(self._busy_set, [(a, b, name, t) for a, b, t in spans]))
                 time = sum(behind.covered(*gap) for gap in gaps)
             else:
                 time = sum(e - s for s, e, _ in spans)
-            evidence.append(Evidence(name, len(spans), round(time / 1e3, 3), self._site_of(name, spans)))
+            evidence.append(Evidence(name, len(spans), round(time / 1e3, 3),
+                                     self.evidence.site_of(name, spans)))
         return Finding("host_sync", severity, round(share, 4) if share is not None else None,
                        round(per_step, 2), summary, tuple(evidence), REMEDIES["host_sync"])
 
     def _launch_finding(self, share: float, gaps: IntervalSet, dispatching: IntervalSet) -> Finding | None:
-        severity = _severity(share)
+        severity = BOUNDS["launch_bound"].severity(share)
         if severity is None:
             return None
         kernels = self.trace.spans[Kind.KERNEL]
@@ -290,9 +371,9 @@ class _Analysis:
             dispatch = [(Kind.HOST_OP, i) for i in self._in_steps(Kind.HOST_OP)
                         if DISPATCH_OP.match(self.trace.names[self.trace.spans[Kind.HOST_OP].name[i]])]
             return Finding("launch_bound", severity, round(share, 4), None,
-                           f"the computation waits {_percent(share)} of the step time while the framework "
+                           f"the computation waits {percent(share)} of the step time while the framework "
                            f"dispatches it ({self._covered(gaps) / max(self.n, 1) / 1e3:.2f} ms per step)",
-                           self._evidence(dispatch, gaps), REMEDIES["launch_bound"])
+                           self.evidence.rows(dispatch, gaps), REMEDIES["launch_bound"])
         median = statistics.median(durations)
         launches = [i for i in self._in_steps(Kind.RUNTIME)
                     if LAUNCH_RUNTIME.match(self.trace.names[self.trace.spans[Kind.RUNTIME].name[i]])]
@@ -302,26 +383,26 @@ class _Analysis:
         if median > SHORT_KERNEL_US and launching.intersection(gaps).total < 0.5 * gaps.total:
             return None  # the gaps are not the host launching short kernels
         per_step = len(durations) / self.n
-        evidence = self._evidence(self._in_steps(Kind.KERNEL), None, kind=Kind.KERNEL, by_count=True)
+        evidence = self.evidence.rows(self._in_steps(Kind.KERNEL), None, kind=Kind.KERNEL, by_count=True)
         return Finding("launch_bound", severity, round(share, 4), round(per_step, 1),
                        f"{per_step:.0f} kernels per step with a median of {median:.1f} us; the device "
-                       f"idles {_percent(share)} of the step time in gaps under {SHORT_GAP_US / 1e3:g} ms "
+                       f"idles {percent(share)} of the step time in gaps under {SHORT_GAP_US / 1e3:g} ms "
                        f"between them ({len(launches) / self.n:.0f} launch calls per step)",
                        evidence, REMEDIES["launch_bound"])
 
     def _comm_finding(self, share: float) -> Finding | None:
-        severity = _severity(share)
+        severity = BOUNDS["communication_wait"].severity(share)
         if severity is None:
             return None
         indices = [i for i in self._in_steps(Kind.KERNEL)
                    if COLLECTIVE_KERNEL.search(self.trace.names[self.trace.spans[Kind.KERNEL].name[i]])]
         return Finding("communication_wait", severity, round(share, 4), None,
-                       f"collective communication runs with no computation beside it {_percent(share)} "
-                       "of the step time", self._evidence(indices, None, kind=Kind.KERNEL),
+                       f"collective communication runs with no computation beside it {percent(share)} "
+                       "of the step time", self.evidence.rows(indices, None, kind=Kind.KERNEL),
                        REMEDIES["communication_wait"])
 
     def _idle_finding(self, share: float, idle: IntervalSet) -> Finding | None:
-        severity = _severity(share)
+        severity = BOUNDS["idle_between_steps"].severity(share)
         if severity is None:
             return None
         # What the host was doing meanwhile: its outermost operations and Python frames by overlap.
@@ -347,8 +428,9 @@ class _Analysis:
                          for name, (count, time) in sorted(overlap.items(), key=lambda kv: -kv[1][1])
                          [:MAX_EVIDENCE])
         return Finding("idle_between_steps", severity, round(share, 4), None,
-                       f"the device idles {_percent(share)} of the step time with no input, "
-                       "synchronisation or launch to explain it", evidence, REMEDIES["idle_between_steps"])
+                       f"the device idles {percent(share)} of the step time while the host runs traced "
+                       "work that is not input, synchronisation or launch", evidence,
+                       REMEDIES["idle_between_steps"])
 
     # ---------------------------------------------------------------- helpers
 
@@ -416,6 +498,12 @@ class _Analysis:
                   for i in self._in_steps(Kind.HOST_OP) if names[ops.name[i]] in SYNC_OPS]
         if self.trace.has_device:
             events = [e for e in events if self._calls_runtime(*e)]
+        else:
+            # Without the device's side nothing tells a read of a CPU tensor from one of a GPU's, but
+            # an optimizer's own reads are of its step counters, which live on the CPU (AdamW reads
+            # one per parameter): they are not counted.
+            optimizer = self._merge_named((Kind.HOST_OP,), lambda name: name.startswith(OPTIMIZER_STEP))
+            events = [e for e in events if optimizer.covered(e[0], e[1]) < e[1] - e[0]]
         inside = IntervalSet.merge((s, e) for s, e, _, _ in events)
         for i in self._in_steps(Kind.RUNTIME):
             name = names[runtime.name[i]]
@@ -432,78 +520,6 @@ class _Analysis:
                 return True
             i += 1
         return False
-
-    def _evidence(self, indices: Iterable[Any], weight: IntervalSet | None, *, kind: Kind | None = None,
-                  by_count: bool = False) -> tuple[Evidence, ...]:
-        """The names of these events with their counts and time (or time within ``weight``), largest
-        first, with a call site each."""
-        totals: dict[str, list[Any]] = {}
-        a, b = self.window
-        for item in indices:
-            k, i = (kind, item) if kind is not None else item
-            spans = self.trace.spans[k]
-            start, end = spans.start[i], spans.start[i] + spans.dur[i]
-            if not a <= start < b:
-                continue
-            entry = totals.setdefault(self.trace.names[spans.name[i]], [0, 0.0, []])
-            entry[0] += 1
-            entry[1] += weight.covered(start, end) if weight is not None else end - start
-            if len(entry[2]) < _SITE_SAMPLES:
-                entry[2].append((start, end, spans.track[i]))
-        ranked = sorted(totals.items(), key=lambda kv: -(kv[1][0] if by_count else kv[1][1]))[:MAX_EVIDENCE]
-        return tuple(Evidence(name, count, round(time / 1e3, 3), self._site_of(name, samples))
-                     for name, (count, time, samples) in ranked)
-
-    def _site_of(self, name: str, samples: list[tuple[float, float, int]]) -> str:
-        """The most frequent innermost Python frame outside library code that encloses these events."""
-        python = self.trace.spans[Kind.PYTHON]
-        if not len(python):
-            return ""
-        sites: dict[str, int] = {}
-        for start, end, track in samples[:_SITE_SAMPLES]:
-            site = self._caller(name, start, end, track) or self._callee(name, start, end, track)
-            if site:
-                sites[site] = sites.get(site, 0) + 1
-        return max(sites, key=sites.__getitem__) if sites else ""
-
-    def _caller(self, name: str, start: float, end: float, track: int) -> str:
-        """The innermost user frame around the event."""
-        python, names = self.trace.spans[Kind.PYTHON], self.trace.names
-        i = bisect_right(python.start, start)
-        for j in range(i - 1, max(i - 1 - _SITE_SCAN, -1), -1):
-            if python.track[j] != track or python.start[j] + python.dur[j] < end:
-                continue
-            frame = names[python.name[j]]
-            if frame != name and not LIBRARY_FRAME.search(frame):
-                return frame
-        return ""
-
-    def _callee(self, name: str, start: float, end: float, track: int) -> str:
-        """The outermost user frame inside the event (a capture that began inside the caller records
-        no caller): "calls gen.py:4 batches" for a ``next`` on a generator."""
-        python, names = self.trace.spans[Kind.PYTHON], self.trace.names
-        first = max(bisect_right(python.start, start) - 1, 0)
-        for j in range(first, min(first + _SITE_SCAN, len(python))):
-            if python.start[j] >= end:
-                break
-            if python.track[j] != track or python.start[j] < start or python.start[j] + python.dur[j] > end:
-                continue
-            frame = names[python.name[j]]
-            if frame != name and not LIBRARY_FRAME.search(frame):
-                return f"calls {frame}"
-        return ""
-
-
-def _severity(share: float) -> Severity | None:
-    if share >= HIGH:
-        return "high"
-    if share >= MODERATE:
-        return "moderate"
-    return None
-
-
-def _percent(share: float) -> str:
-    return f"{share * 100:.0f}%"
 
 
 __all__ = ["FINDING_KINDS", "HIGH", "MODERATE", "Diagnosis", "Evidence", "Finding", "Step", "diagnose"]

@@ -180,10 +180,13 @@ class KinetoEvents:
             return
         name = event.get("name")
         name = name if isinstance(name, str) else str(name)
+        args = event.get("args")
+        args = args if isinstance(args, dict) else {}
         if kind in DEVICE_KINDS:
-            args = event.get("args")
-            stream = args.get("stream", event.get("tid")) if isinstance(args, dict) else event.get("tid")
-            self.trace.add(kind, start, dur, name, f"GPU {event.get('pid')} stream {stream}")
+            stream = args.get("stream", event.get("tid"))
+            fill = number(args.get("blocks per SM")) if kind is Kind.KERNEL else None
+            self.trace.add(kind, start, dur, name, f"GPU {event.get('pid')} stream {stream}",
+                           corr=integer(args.get("correlation")), fill=-1.0 if fill is None else fill)
             self.trace.has_device = True
             return
         track = f"thread {event.get('tid')}"
@@ -193,13 +196,26 @@ class KinetoEvents:
         if step:
             self.trace.framework = "pytorch"
             self.trace.add_step(start, dur, name, track, number=int(step.group(1)))
-        else:
-            self.trace.add(kind, start, dur, name, track)
+            return
+        if kind is Kind.RUNTIME:
+            self.trace.add(kind, start, dur, name, track, corr=integer(args.get("correlation")))
+            return
+        if category == "user_annotation":
+            self.trace.annotations.add(self.trace.name_id(name))
+        self.trace.add(kind, start, dur, name, track)
 
     def add_metadata(self, key: str, value: Any) -> None:
-        """A top-level key other than ``traceEvents``."""
+        """A top-level key other than ``traceEvents``: the GPU's properties, the clock's base."""
         if key == "deviceProperties" and value:
             self.trace.has_device = True
+            first = value[0] if isinstance(value, list) and isinstance(value[0], dict) else {}
+            major, minor = integer(first.get("computeMajor")), integer(first.get("computeMinor"))
+            if major > 0:
+                self.trace.compute_capability = (major, max(minor, 0))
+            if integer(first.get("numSms")) > 0:
+                self.trace.sm_count = integer(first.get("numSms"))
+        elif key == "baseTimeNanoseconds" and integer(value) > 0:
+            self.trace.base_ns = integer(value)
 
 
 def number(value: Any) -> float | None:
@@ -207,6 +223,13 @@ def number(value: Any) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     return None
+
+
+def integer(value: Any) -> int:
+    """A whole number from the trace, or -1 when it is not one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return -1
 
 
 def read_document(stream: TextStream, events: KinetoEvents) -> None:

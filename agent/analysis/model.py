@@ -15,6 +15,11 @@ Kinds of span:
 - ``CPU_COMPUTE``: a compiled computation running on host threads in place of a device (XLA on the
   CPU): treated as device activity when a trace has no device.
 - ``STEP``: a training step as the framework marks it (``ProfilerStep#N``, a TF/JAX step annotation).
+
+Two more columns join the kinds: ``corr``, the CUDA correlation id that ties a launch call on a host
+thread (``RUNTIME``) to the kernel or copy it started on the device (-1 where the trace gives none),
+and ``fill``, a kernel's thread blocks per streaming multiprocessor (below 1, part of the GPU had
+nothing to run; -1 where unknown).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class Kind(IntEnum):
 
 
 DEVICE_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
+EPOCH_2001_NS = 10**18  # September 2001: a time before it is not the Unix epoch's
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,28 +66,34 @@ class Span:
 class Spans:
     """The spans of one kind, in columns; ``sort()`` orders them by start (readers append in any order)."""
 
-    __slots__ = ("dur", "name", "start", "track")
+    __slots__ = ("corr", "dur", "fill", "name", "start", "track")
+    COLUMNS = ("start", "dur", "name", "track", "corr", "fill")
 
     def __init__(self) -> None:
         self.start = array("d")
         self.dur = array("d")
         self.name = array("I")
         self.track = array("I")
+        self.corr = array("q")
+        self.fill = array("f")
 
     def __len__(self) -> int:
         return len(self.start)
 
-    def append(self, start: float, dur: float, name: int, track: int) -> None:
+    def append(self, start: float, dur: float, name: int, track: int, *, corr: int = -1,
+               fill: float = -1.0) -> None:
         self.start.append(start)
         self.dur.append(dur)
         self.name.append(name)
         self.track.append(track)
+        self.corr.append(corr)
+        self.fill.append(fill)
 
     def sort(self) -> None:
         order = sorted(range(len(self.start)), key=self.start.__getitem__)
         if all(order[i] == i for i in range(len(order))):
             return
-        for column in ("start", "dur", "name", "track"):
+        for column in self.COLUMNS:
             values = getattr(self, column)
             setattr(self, column, array(values.typecode, (values[i] for i in order)))
 
@@ -105,6 +117,16 @@ class Trace:
     has_device: bool = False  # a GPU's activity was recorded (kernels, copies), even if none ran
     has_stacks: bool = False  # Python function events are present
     events_read: int = 0
+    # Host operations that are the user's or the framework's annotations (PyTorch's user_annotation:
+    # ``Optimizer.step#...``, ``record_function`` blocks), not operators: by name id.
+    annotations: set[int] = field(default_factory=set)
+    compute_capability: tuple[int, int] | None = None  # of the traced GPU, when the trace says
+    sm_count: int | None = None  # its streaming multiprocessors, when the trace says
+    # Nanoseconds since the Unix epoch of the trace's time 0 (after ``finish``), when the trace gives
+    # its clock: traces of processes on one node are then placed on one time line.
+    epoch_ns: int | None = None
+    base_ns: int = 0  # what the reader adds to an event's time to get the epoch (set before finish)
+    origin_us: float = 0.0  # the event time that ``finish`` moved to 0
     _name_ids: dict[str, int] = field(default_factory=dict, repr=False)
     _track_ids: dict[str, int] = field(default_factory=dict, repr=False)
 
@@ -122,9 +144,11 @@ class Trace:
             self.tracks.append(track)
         return found
 
-    def add(self, kind: Kind, start: float, dur: float, name: str, track: str) -> None:
+    def add(self, kind: Kind, start: float, dur: float, name: str, track: str, *, corr: int = -1,
+            fill: float = -1.0) -> None:
         """One event; a negative duration (a clock glitch) counts as 0."""
-        self.spans[kind].append(start, max(dur, 0.0), self.name_id(name), self.track_id(track))
+        self.spans[kind].append(start, max(dur, 0.0), self.name_id(name), self.track_id(track), corr=corr,
+                                fill=fill)
         self.events_read += 1
 
     def add_step(self, start: float, dur: float, name: str, track: str, number: int = -1) -> None:
@@ -143,6 +167,11 @@ class Trace:
         if origin:
             for spans in self.spans.values():
                 spans.shift(-origin)
+        self.origin_us = origin
+        epoch_ns = self.base_ns + round(origin * 1000)
+        # A clock that is not the epoch's (a profile's own, counted from its start) says nothing of
+        # where the trace lies beside another process's.
+        self.epoch_ns = epoch_ns if epoch_ns >= EPOCH_2001_NS else None
         self.has_stacks = self.has_stacks or bool(len(self.spans[Kind.PYTHON]))
 
     def count(self, kind: Kind) -> int:

@@ -1,25 +1,30 @@
-"""A Diagnosis as people read it: the verdict first, then each finding with its evidence table."""
+"""A Diagnosis as people read it: the verdict first, then each finding with its evidence table, what the
+device was busy with, and the checklist as measured.
+
+A finding is named by its kind everywhere (``input_bound``, ``host_sync`` ...): in this report, in
+``--json``, in ``captures ls``, on the status page, in metrics and in alert annotations.
+"""
 
 from __future__ import annotations
 
 import textwrap
+from typing import Any
 
 from gpuscope.analysis.diagnose import Diagnosis, Finding
+from gpuscope.analysis.findings import HEALTHY, Check, rank, verdict_of
 
 WIDTH = 100
-VERDICTS = {
-    "healthy": "healthy: no finding over its threshold",
-    "input_bound": "input-bound",
-    "host_sync": "host-sync-bound",
-    "launch_bound": "launch-bound",
-    "communication_wait": "communication-bound",
-    "idle_between_steps": "idle between steps",
-}
+MAX_OPS_SHOWN = 5
+HEALTHY_TEXT = "no finding over its threshold"
+CLASS_NAMES = {"tensor_core": "tensor cores", "fp32_matmul": "fp32 matmul/conv",
+               "other_matmul": "other matmul", "layout": "layout conversions", "collective": "collectives",
+               "memcpy": "memcpy", "memset": "memset", "other": "other kernels"}
 
 
 def format_diagnosis(diagnosis: Diagnosis) -> str:
     d = diagnosis
-    lines = [f"{d.source}", f"  verdict: {VERDICTS.get(d.verdict, d.verdict)}"]
+    verdict = d.verdict
+    lines = [f"{d.source}", f"  verdict: {verdict}" + (f" ({HEALTHY_TEXT})" if verdict == HEALTHY else "")]
     framework = d.framework or "unknown framework"
     where = "with device activity" if d.device else "host only"
     marker = f" from {d.step_marker!r}" if d.step_marker else ""
@@ -29,31 +34,67 @@ def format_diagnosis(diagnosis: Diagnosis) -> str:
         parts = ", ".join(f"{name.replace('_', ' ')} {share * 100:.0f}%"
                           for name, share in d.breakdown.items())
         lines.append(f"  step time: {parts}")
+    if d.device_profile:
+        lines.extend(_profile(d.device_profile, d.steps))
     for finding in d.findings:
         lines.append("")
         lines.extend(_finding(finding))
+    if d.checks:
+        lines.append("")
+        lines.extend(textwrap.wrap("checked: " + "; ".join(_check(c) for c in d.checks), WIDTH,
+                                   initial_indent="  ", subsequent_indent="    "))
     for limit in d.limits:
         lines.extend(textwrap.wrap(limit, WIDTH, initial_indent="  note: ", subsequent_indent="        "))
     return "\n".join(lines)
 
 
+def _profile(profile: dict[str, Any], steps: int) -> list[str]:
+    classes = ", ".join(f"{CLASS_NAMES.get(name, name)} {share * 100:.0f}%"
+                        for name, share in profile["classes"].items() if share >= 0.005)
+    per_step = profile["device_ms"] / max(steps, 1)
+    lines = [f"  device time: {per_step:.1f} ms per step; {classes}"
+             + (f"; optimizer {profile['optimizer'] * 100:.0f}%" if profile.get("optimizer") else "")]
+    ops = profile.get("ops") or []
+    if ops:
+        lines.append("  device time by operation:")
+        width = min(max(len(op["name"]) for op in ops[:MAX_OPS_SHOWN]), 60)
+        for op in ops[:MAX_OPS_SHOWN]:
+            name = _clip(op["name"], width)
+            lines.append(f"    {name:<{width}}  {op['share'] * 100:>4.0f}%  {op['kernels']:>6}  "
+                         f"{CLASS_NAMES.get(op['kernel_class'], op['kernel_class'])}")
+    return lines
+
+
 def _finding(f: Finding) -> list[str]:
     lines = [f"  [{f.severity}] {f.kind}: {f.summary}"]
     if f.evidence:
-        rows = [("", "COUNT", "TIME (ms)", "CALL SITE")] + [
-            (e.name, str(e.count), f"{e.time_ms:.1f}", e.site or "-") for e in f.evidence]
+        last = "CALL SITE" if any(e.site for e in f.evidence) or not any(e.detail for e in f.evidence) \
+            else "DETAIL"
+        rows = [("", "COUNT", "TIME (ms)", last)] + [
+            (e.name, str(e.count), f"{e.time_ms:.1f}", e.site or e.detail or "-") for e in f.evidence]
         name_width = min(max(len(r[0]) for r in rows), 60)
         for name, count, time, site in rows:
-            shown = name if len(name) <= name_width else name[:name_width - 1] + "…"
-            lines.append(f"    {shown:<{name_width}}  {count:>6}  {time:>10}  {site}".rstrip())
+            lines.append(f"    {_clip(name, name_width):<{name_width}}  {count:>6}  {time:>10}  "
+                         f"{site}".rstrip())
     lines.extend(textwrap.wrap(f"fix: {f.remedy}", WIDTH, initial_indent="    ", subsequent_indent="      "))
     return lines
 
 
+def _check(check: Check) -> str:
+    sign = "<" if check.passed else ">="
+    if check.unit == "per_step":
+        text = f"{check.kind} {check.value:.1f}/step ({sign}{check.threshold:g})"
+    else:
+        text = f"{check.kind} {check.value * 100:.0f}% ({sign}{check.threshold * 100:.0f}%)"
+    return f"{text}, {check.note}" if check.note else text
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 def top_finding(diagnoses: list[Diagnosis]) -> str:
-    """The verdict of several traces (a capture of several processes): the most severe finding's kind."""
-    findings = [f for d in diagnoses for f in d.findings[:1]]
-    if not findings:
-        return "healthy"
-    findings.sort(key=lambda f: (f.severity != "high", -(f.share or 0.0)))
-    return findings[0].kind
+    """The verdict of several traces (a capture of several processes): the most severe finding's kind
+    that holds a step back, or ``healthy``."""
+    findings = sorted((f for d in diagnoses for f in d.findings), key=rank)
+    return verdict_of(findings)

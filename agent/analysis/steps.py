@@ -43,6 +43,7 @@ class Steps:
     steps: tuple[Step, ...]
     method: str  # markers, optimizer, periodic or whole
     marker: str = ""  # the name the boundaries come from
+    track: int = -1  # the thread whose events mark them (the one that dispatches the steps); -1: none
 
     @property
     def time(self) -> float:
@@ -53,7 +54,7 @@ def find_steps(trace: Trace) -> Steps:
     found = _from_markers(trace) or _from_optimizer(trace) or _periodic(trace)
     if found is None:
         return Steps((Step(0.0, trace.end, 0),), "whole")
-    return Steps(_whole_only(found.steps), found.method, found.marker)
+    return Steps(_whole_only(found.steps), found.method, found.marker, found.track)
 
 
 def _whole_only(steps: tuple[Step, ...]) -> tuple[Step, ...]:
@@ -83,7 +84,7 @@ def _from_markers(trace: Trace) -> Steps | None:
             continue
         number = trace.step_numbers[i] if trace.step_numbers[i] >= 0 else len(steps)
         steps.append(Step(start, end, int(number)))
-    return Steps(tuple(steps), "markers", trace.names[spans.name[0]])
+    return Steps(tuple(steps), "markers", trace.names[spans.name[0]], spans.track[0])
 
 
 def _from_optimizer(trace: Trace) -> Steps | None:
@@ -92,11 +93,10 @@ def _from_optimizer(trace: Trace) -> Steps | None:
             if trace.names[ops.name[i]].startswith(OPTIMIZER_PREFIX)]
     if len(ends) < 2:
         return None
-    name = next(trace.names[ops.name[i]] for i in range(len(ops))
-                if trace.names[ops.name[i]].startswith(OPTIMIZER_PREFIX))
+    first = next(i for i in range(len(ops)) if trace.names[ops.name[i]].startswith(OPTIMIZER_PREFIX))
     ends.sort()
     return Steps(tuple(Step(a, b, n) for n, (a, b) in enumerate(pairwise(ends))),
-                 "optimizer", name)
+                 "optimizer", trace.names[ops.name[first]], ops.track[first])
 
 
 def _periodic(trace: Trace) -> Steps | None:
@@ -104,6 +104,7 @@ def _periodic(trace: Trace) -> Steps | None:
     # Top-level operations per thread: not inside another operation of the same thread.
     open_until: dict[int, float] = {}
     starts: dict[int, list[float]] = {}
+    tracks: dict[int, int] = {}
     time: dict[int, float] = {}
     overlapping: set[int] = set()
     last_end: dict[int, float] = {}
@@ -116,6 +117,7 @@ def _periodic(trace: Trace) -> Steps | None:
             overlapping.add(name)  # on several threads at once: not a step of one loop
         last_end[name] = end
         starts.setdefault(name, []).append(start)
+        tracks.setdefault(name, track)
         time[name] = time.get(name, 0.0) + ops.dur[i]
     candidates = [name for name, s in starts.items() if len(s) >= MIN_REPEATS and name not in overlapping]
     if not candidates:
@@ -123,4 +125,4 @@ def _periodic(trace: Trace) -> Steps | None:
     best = max(candidates, key=lambda name: time[name])
     bounds = starts[best]
     steps = tuple(Step(a, b, n) for n, (a, b) in enumerate(pairwise(bounds)))
-    return Steps(steps, "periodic", trace.names[best])
+    return Steps(steps, "periodic", trace.names[best], tracks[best])

@@ -87,7 +87,7 @@ def read_xspace(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
         raise TraceFormatError(f"{path}: not an XSpace (no planes)")
     if not trace.framework:  # a profile taken over the profiler server has no /host:metadata plane
         trace.framework = _framework_from_names(trace.names)
-    trace.finish()
+    trace.finish()  # XLine timestamps are nanoseconds since the Unix epoch: base_ns is one of them
     return trace
 
 
@@ -171,6 +171,7 @@ class XSpaceReader:
                 self.read_line(line_start, line_end, host)
         elif gpu:
             self.trace.has_device = True
+            self.read_device_properties(plane)
             device = DeviceEvents(plane, int(gpu.group(1)), self.trace)
             for line_start, line_end in lines:
                 self.read_line(line_start, line_end, device)
@@ -217,8 +218,22 @@ class XSpaceReader:
         """The line's start in microseconds from the first line's start: kept small because a double
         holds an absolute time (about 1.7e15 microseconds) only to a quarter of a microsecond."""
         if self.base_ns is None:
-            self.base_ns = line.timestamp_ns
+            self.base_ns = self.trace.base_ns = line.timestamp_ns
         return (line.timestamp_ns - self.base_ns) / 1e3
+
+    def read_device_properties(self, plane: xplane_pb2.XPlane) -> None:
+        """The GPU's compute capability and SM count, from its plane's statistics (the first GPU's)."""
+        if self.trace.compute_capability is not None:
+            return
+        values = {name: stat_number(stat) for stat in plane.stats
+                  if (name := plane.stat_metadata[stat.metadata_id].name
+                      if stat.metadata_id in plane.stat_metadata else "")}
+        major, minor = values.get("compute_cap_major"), values.get("compute_cap_minor")
+        if major:
+            self.trace.compute_capability = (major, minor or 0)
+        cores = values.get("core_count")
+        if cores:
+            self.trace.sm_count = cores
 
     def read_framework(self, plane: xplane_pb2.XPlane) -> None:
         for stat in plane.stats:

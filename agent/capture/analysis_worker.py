@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuscope.analysis.patterns import FINDING_KINDS
+from gpuscope.analysis.findings import FINDING_KINDS, HEALTHY, IDLE_KINDS, SEVERITIES
 from gpuscope.analysis.sources import is_trace_in_folder
 from gpuscope.capture.model import CaptureRecord
 from gpuscope.capture.store import CaptureStore, CaptureStoreError
@@ -32,7 +32,7 @@ from gpuscope.threads import OnDemandThread
 
 log = logging.getLogger(__name__)
 
-FINDING_NAMES = (*FINDING_KINDS, "healthy")
+FINDING_NAMES = (*FINDING_KINDS, HEALTHY)
 MAX_OUTPUT_BYTES = 4 << 20  # the child's JSON report
 MAX_FINDINGS = 8  # kept in the record, over all of a capture's traces
 MAX_TEXT = 300  # characters of a summary or an evidence name kept in the record
@@ -171,7 +171,9 @@ class AnalysisWorker:
         verdict = summary.get("verdict")
         if verdict is not None:
             with self._lock:
-                kinds = {f["kind"] for f in summary.get("findings", ())} or {"healthy"}
+                kinds = {f["kind"] for f in summary.get("findings", ())}
+                if verdict == HEALTHY:  # no finding, or low ones only
+                    kinds.add(HEALTHY)
                 for kind in kinds:
                     if kind in self._counts:
                         self._counts[kind] += 1
@@ -199,13 +201,19 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
                 "evidence": str(evidence.get("name", ""))[:MAX_TEXT],
                 "site": str(evidence.get("site", ""))[:MAX_TEXT],
                 "trace": Path(str(trace.get("source", ""))).name[:MAX_TEXT]})
-    findings.sort(key=lambda f: (f["severity"] != "high", -(f["share"] or 0.05)))
+    findings.sort(key=lambda f: (_severity_rank(f["severity"]), f["kind"] not in IDLE_KINDS,
+                                 -(f["share"] or 0.05)))
     findings = findings[:MAX_FINDINGS]
-    verdict = findings[0]["kind"] if findings else "healthy"
-    headline = (f"{verdict}: {findings[0]['summary']}" if findings
-                else "healthy: no finding over its threshold")
+    # A low finding (an opportunity, a cost the device hides) never makes the verdict.
+    top = next((f for f in findings if f["severity"] != "low"), None)
+    verdict = top["kind"] if top else HEALTHY
+    headline = f"{verdict}: {top['summary']}" if top else f"{HEALTHY}: no finding over its threshold"
     return {"verdict": verdict, "headline": headline[:MAX_TEXT], "findings": findings,
             "traces": len(report.get("traces") or ())}
+
+
+def _severity_rank(severity: str) -> int:
+    return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
 
 
 def _trace_files(record: CaptureRecord) -> list[str]:

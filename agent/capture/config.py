@@ -5,7 +5,7 @@ capture:
   enabled: true
   store: {root: /var/lib/gpuscope/captures, quota_bytes: 2GiB, min_free_bytes: 256MiB}
   duration: 2s          # an alert-triggered capture; a user may ask for up to max_duration
-  max_trace_bytes: 64MiB    # per target; the agent holds about 3.6x this while a trace arrives
+  max_trace_bytes: 64MiB    # per gRPC target; the agent holds about 3.6x this while a trace arrives
   max_duration: 30s
   cooldown: 15m         # per GPU, for alert and webhook triggers
   hourly_budget: 6      # captures of any trigger in a rolling hour
@@ -22,6 +22,8 @@ capture:
   kineto:                                   # PyTorch jobs started with KINETO_USE_DAEMON=1
     trace_dir: /run/gpuscope/kineto/traces  # they write their traces here: visible to them at this path
     socket_dir: /run/gpuscope/kineto/ipc    # null: the abstract socket @dynolog (host network only)
+    max_trace_bytes: 1GiB                   # a trace file, on disk: streamed into the store
+    write_timeout: 5m                       # for a job to write its trace, after the recording
 ```
 
 The defaults depend on who runs the agent (``common/user_paths``): root keeps the store in
@@ -42,6 +44,7 @@ from pydantic import AfterValidator, Field, model_validator
 from gpuscope.alerts.rules import CAPTURES_BY_DEFAULT, RULE_TYPES
 from gpuscope.common.config_types import ByteSize, Duration, FilePath, PeerAddress, Section
 from gpuscope.common.durations import format_duration
+from gpuscope.common.sizes import format_size
 from gpuscope.common.unixfs import MAX_UNIX_SOCKET_PATH_BYTES
 from gpuscope.common.user_paths import default_dirs
 
@@ -51,6 +54,19 @@ MAX_DURATION_SECONDS = 30.0  # the longest capture anyone may ask for (a trace o
 # shipped 512 MiB memory limits (bench/capture_memory.py measures it).
 DEFAULT_MAX_TRACE_BYTES = 64 * 2**20
 MAX_TRACE_BYTES_CEILING = 2**31 - 2**21  # a gRPC message is at most 2 GiB
+# A Kineto trace is a file the job writes and the agent streams into the store, compressed as it is
+# copied: its cap is a size on disk, not a memory cap (the agent holds one chunk of it at a time). A
+# 2 s capture writes about 136 MiB of JSON for a launch-heavy GPU job, 200-450 MiB for a busy loop of
+# small CPU ops. The ceiling keeps a capture's copy near a minute (gzip level 3: about 250 MB/s).
+DEFAULT_KINETO_MAX_TRACE_BYTES = 2**30
+KINETO_MAX_TRACE_BYTES_CEILING = 16 * 2**30
+# A job converts what it recorded before it writes (the longest step: 6-20 s for 1.4 million events
+# on a 2-core VM), then writes; the agent waits while it does, up to this long after the recording.
+DEFAULT_KINETO_WRITE_TIMEOUT_S = 300.0
+MAX_KINETO_WRITE_TIMEOUT_S = 3600.0
+# A trace file that holds data but has not grown for this long: the job stopped writing it. (Not a
+# setting: a job writes its JSON in one go, far faster than this.)
+KINETO_STALL_TIMEOUT_S = 60.0
 MIN_QUOTA_BYTES = 2**20
 # PyTorch binds its client socket at <socket_dir>/dynoconfigclient<36-character uuid>: 53 bytes after
 # the directory, in a Unix socket address of at most 107 (measured with PyTorch 2.13: 54 works, 55 fails).
@@ -113,6 +129,19 @@ def _socket_dir(value: Path) -> Path:
     return value
 
 
+def _kineto_trace_cap(value: int) -> int:
+    if not MIN_QUOTA_BYTES <= value <= KINETO_MAX_TRACE_BYTES_CEILING:
+        raise ValueError(f"must be from {format_size(MIN_QUOTA_BYTES)} to "
+                         f"{format_size(KINETO_MAX_TRACE_BYTES_CEILING)} (the size of a trace file on disk)")
+    return value
+
+
+def _kineto_write_timeout(value: float) -> float:
+    if not 1.0 <= value <= MAX_KINETO_WRITE_TIMEOUT_S:
+        raise ValueError(f"must be from 1s to {format_duration(MAX_KINETO_WRITE_TIMEOUT_S)}")
+    return value
+
+
 def _known_rules(rules: dict[str, bool]) -> dict[str, bool]:
     unknown = sorted(set(rules) - set(RULE_TYPES))
     if unknown:
@@ -171,6 +200,17 @@ class KinetoConfig(Section):
                     "null: the abstract socket @dynolog, which only the host's network namespace "
                     "reaches; the default for root and services. A user's own agent listens in "
                     "kineto/ipc of its runtime directory by default.")
+    max_trace_bytes: Annotated[ByteSize, AfterValidator(_kineto_trace_cap)] = Field(
+        DEFAULT_KINETO_MAX_TRACE_BYTES, description=(
+            "Largest trace file taken from one PyTorch job, as it lies on disk (1 MiB to 16 GiB). A larger "
+            "one is refused before it is read. The file is streamed into the store, compressed as it is "
+            "copied, never held in memory: this bounds disk and CPU time, not the agent's memory."))
+    write_timeout: Annotated[Duration, AfterValidator(_kineto_write_timeout)] = Field(
+        DEFAULT_KINETO_WRITE_TIMEOUT_S, description=(
+            "How long after its recording a job may take to complete its trace (1s to 1h). The job "
+            "converts what it recorded, then writes the JSON; a busy job takes tens of seconds. The agent "
+            "waits while the job runs and its trace file keeps growing, up to this long; copying the file "
+            "into the store may take as long again."))
 
     @model_validator(mode="after")
     def _separate_directories(self) -> KinetoConfig:
@@ -206,8 +246,9 @@ class WebhookConfig(Section):
 
 class AnalysisConfig(Section):
     enabled: bool = Field(True, description=(
-        "Diagnose each stored capture right after it is taken (input-bound, host-sync-bound, "
-        "launch-bound, idle), in a child process; the verdict goes into its record."))
+        "Diagnose each stored capture right after it is taken (why the device idles: input_bound, "
+        "host_sync, launch_bound ...; what it is busy with: tensor_cores_idle, costly_op ...), in a "
+        "child process; the verdict goes into its record."))
     max_trace_bytes: ByteSize = Field(512 * 2**20, ge=MIN_QUOTA_BYTES, description=(
         "A capture whose traces are larger in all is not analysed (its record says so)."))
     cpu_seconds: int = Field(120, ge=1, le=3600, description="CPU time one analysis may use.")
@@ -229,11 +270,15 @@ class CaptureConfig(Section):
                                description="Captures of any trigger allowed in a rolling hour.")
     max_trace_bytes: ByteSize = Field(
         DEFAULT_MAX_TRACE_BYTES, ge=MIN_QUOTA_BYTES, le=MAX_TRACE_BYTES_CEILING, description=(
-            "Largest trace taken from one target: a gRPC response is refused as it starts to arrive, "
-            "a Kineto file before it is read. The agent holds about 3.6x this in memory while receiving."))
+            "Largest trace received over gRPC from one TensorFlow/JAX profiler server (a response is "
+            "refused as it starts to arrive): a memory cap, as the agent holds about 3.6x this while "
+            "receiving. PyTorch's trace files have their own cap, kineto.max_trace_bytes."))
     deadline_margin: Duration = Field(10.0, gt=0.0, le=120.0,
                                       description="Time a backend may take beyond the capture duration "
-                                                  "(connection, trace transfer) before it is abandoned.")
+                                                  "(connection, trace transfer) before it is abandoned; "
+                                                  "for a PyTorch job, the time it may take to poll for "
+                                                  "its config, and to start its trace file once it "
+                                                  "has recorded (kineto.write_timeout bounds the rest).")
     rules: Annotated[dict[str, bool], AfterValidator(_known_rules)] = Field(
         default_factory=dict,
         description="Per alert rule, whether its firing triggers a capture (overrides the defaults).")

@@ -77,7 +77,9 @@ def build_captures(config: CaptureConfig, *, snapshots: SnapshotSource, hostname
                           health=health, listeners=listeners)
     backends: dict[str, CaptureBackend] = {
         "tsl": TslProfilerBackend(max_trace_bytes=config.max_trace_bytes),
-        "kineto": KinetoBackend(kineto, hostname=hostname, max_trace_bytes=config.max_trace_bytes)}
+        # A Kineto trace is a file streamed into the store: its own cap (on disk) and wait.
+        "kineto": KinetoBackend(kineto, hostname=hostname, max_trace_bytes=config.kineto.max_trace_bytes,
+                                write_timeout_s=config.kineto.write_timeout)}
     resolver = TargetResolver(profiler_ports=config.profiler_ports, static_targets=config.targets,
                               kineto_registered=kineto.registered)
     ledger = AdmissionLedger(store.root / LEDGER_FILE)

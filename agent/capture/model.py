@@ -9,10 +9,12 @@ from typing import Any, Literal, Protocol
 from gpuscope.common.unixfs import NewFile
 
 # captured: a trace was stored. busy: the target was already profiling (another session).
-# empty: the target answered with an empty trace (it was idle). unreachable: no answer within the
-# deadline (no server, dead process). refused: the policy said no (cooldown, budget, quota, busy node).
-# failed: anything else (a protocol error, a disk error); ``error`` says what.
-Outcome = Literal["captured", "busy", "empty", "unreachable", "refused", "failed"]
+# empty: the target answered with an empty trace (it was idle). exited: the target process ended
+# before its trace was complete (a PyTorch job that exits while the agent waits for its trace file).
+# unreachable: no answer within the deadline (no server, a process that does not poll). refused: the
+# policy said no (cooldown, budget, quota, busy node). failed: anything else (a protocol error, a disk
+# error, a trace that stopped growing); ``error`` says what.
+Outcome = Literal["captured", "busy", "empty", "exited", "unreachable", "refused", "failed"]
 TargetKind = Literal["tsl", "kineto"]  # tsl: TensorFlow/JAX ProfilerService; kineto: PyTorch on-demand
 TriggerKind = Literal["alert", "user", "webhook", "fleet"]
 MAX_ERROR_CHARS = 500  # an outcome's error message (from a target, a protocol) is clipped to this
@@ -69,7 +71,8 @@ class StagingArea(Protocol):
 class CaptureBackend(Protocol):
     """One profiler protocol. ``capture`` blocks for about ``duration_s`` plus protocol overhead, never
     longer than ``deadline_s``, writes its files into ``staging`` and returns an outcome: it never
-    raises."""
+    raises. (Kineto's backend is the one exception: ``deadline_s`` bounds the wait for the job to take
+    its config; the job then writes its trace at its own pace, which has bounds of its own.)"""
 
     kind: TargetKind
 
@@ -132,7 +135,7 @@ class CaptureRecord:
         return data
 
 
-OUTCOME_RANK: Sequence[Outcome] = ("captured", "busy", "empty", "unreachable", "failed", "refused")
+OUTCOME_RANK: Sequence[Outcome] = ("captured", "busy", "empty", "exited", "unreachable", "failed", "refused")
 
 
 def best_outcome(outcomes: Sequence[Outcome]) -> Outcome:

@@ -15,7 +15,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gpuscope.alerts.model import Transition
@@ -47,6 +47,7 @@ from gpuscope.threads import OnDemandThread
 log = logging.getLogger(__name__)
 
 _QUEUE_LIMIT = 64  # triggers waiting; more than this while a capture runs means a storm: drop
+_MAX_PARALLEL_TARGETS = 16  # processes of one capture profiled at the same time
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +202,7 @@ class CaptureService:
             if request.start_at is not None:  # fleet: start with the other nodes
                 time.sleep(max(0.0, min(request.start_at - self._wall_clock(), 60.0)))
             start = self._wall_clock()
-            outcomes = tuple(self._run_backend(t, decision, staging) for t in targets)
+            outcomes = self._run_backends(targets, decision, staging)
             record = self._record(request, best_outcome([o.outcome for o in outcomes]), gpu=gpu, pids=pids,
                                   targets=outcomes, start=start, duration_s=decision.duration_s,
                                   capture_id=staging.id,
@@ -237,6 +238,25 @@ class CaptureService:
                 except Exception:
                     log.exception("stored-capture listener %r failed", listener)
         return record
+
+    def _run_backends(self, targets: list[CaptureTarget], decision: Decision,
+                      staging: Staging) -> tuple[TargetOutcome, ...]:
+        """Every target at once: the traces of a GPU's processes then cover the same seconds (the
+        analysis compares them to see whether they shared the GPU), and several processes take one
+        capture's time, not one each."""
+        if len(targets) == 1:
+            return (self._run_backend(targets[0], decision, staging),)
+        with ThreadPoolExecutor(max_workers=min(len(targets), _MAX_PARALLEL_TARGETS),
+                                thread_name_prefix="gs-capture-target") as pool:
+            futures = [pool.submit(self._run_backend, target, decision, staging) for target in targets]
+        outcomes = []
+        for target, future in zip(targets, futures, strict=True):
+            try:
+                outcomes.append(future.result())
+            except Exception as err:  # a backend's bug: that target failed, the others stand
+                log.exception("capture of %s failed", target.describe())
+                outcomes.append(TargetOutcome(target, "failed", error=f"internal error: {err}"))
+        return tuple(outcomes)
 
     def _run_backend(self, target: CaptureTarget, decision: Decision, staging: Staging) -> TargetOutcome:
         backend = self._backends.get(target.kind)

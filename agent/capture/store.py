@@ -172,7 +172,7 @@ class StoredFile:
 class Staging:
     """A capture in progress: a private directory the backends write into, until commit or abort."""
 
-    __slots__ = ("_store", "agent_failure", "begun", "claimed", "id", "path")
+    __slots__ = ("_lock", "_store", "agent_failure", "begun", "claimed", "id", "path")
 
     def __init__(self, store: CaptureStore, capture_id: str, path: Path, begun: float) -> None:
         self._store = store
@@ -183,16 +183,18 @@ class Staging:
         # Why the capture failed on the agent's side (quota, disk), if it did: the service then
         # reports it as the agent's failure, not the target's, and charges no budget for it.
         self.agent_failure: CaptureStoreError | None = None
+        self._lock = threading.Lock()  # the backends of one capture write at the same time
 
     def claim(self, size: int) -> None:
         """Make room for ``size`` more bytes of this capture, before they are written (evicting the
         oldest captures if the file system's min_free_bytes needs it); CaptureQuotaError or
         CaptureDiskError (both noted in ``agent_failure``) when there is none."""
-        try:
-            self._store._claim(self, size)
-        except CaptureStoreError as err:
-            raise self.failed(err) from None
-        self.claimed += size
+        with self._lock:
+            try:
+                self._store._claim(self, size)
+            except CaptureStoreError as err:
+                raise self.failed(err) from None
+            self.claimed += size
 
     def failed(self, error: CaptureStoreError) -> CaptureStoreError:
         """Note ``error`` as the agent's side of a failed capture (the first one is kept); returns it."""

@@ -12,14 +12,21 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpuscope.analysis.diagnose import Diagnosis
+    from gpuscope.analysis.sharing import DeviceTimeline
 
 EXIT_OK, EXIT_FAILURE = 0, 1
+CAPTURE_RECORD = "capture.json"
+MAX_RECORD_BYTES = 1 << 20
 
 
 def add_explain_command(subparsers: Any) -> None:
     explain = subparsers.add_parser(
-        "explain", help="Diagnose profiler traces: input-bound, host-sync-bound, launch-bound, idle.",
+        "explain", help="Diagnose profiler traces: why the device idles (input_bound, host_sync, "
+                        "launch_bound ...) and what it is busy with (tensor_cores_idle, costly_op ...).",
         description="Read trace files (PyTorch/Kineto JSON, TensorFlow/JAX XSpace) or a TensorBoard log "
                     "directory, and say where the steps' time went, with the evidence.")
     explain.add_argument("path", type=Path, help="A trace file, or a directory of them.")
@@ -35,12 +42,23 @@ def explain_path(path: Path, *, as_json: bool, shown_as: str | None = None) -> i
     from gpuscope.analysis.diagnose import diagnose
     from gpuscope.analysis.errors import TraceError
     from gpuscope.analysis.render import format_diagnosis, top_finding
+    from gpuscope.analysis.sharing import device_timeline
     from gpuscope.analysis.sources import find_traces, read_trace
 
     try:
         files = find_traces(path)
-        diagnoses = [replace(diagnose(read_trace(file)), source=_shown(file, path, shown_as))
-                     for file in files]
+        one_gpu = len(files) > 1 and _capture_of_one_gpu(path)
+        diagnoses = []
+        timelines: list[DeviceTimeline | None] = []
+        for file in files:
+            trace = read_trace(file)
+            source = _shown(file, path, shown_as)
+            diagnoses.append(replace(diagnose(trace), source=source))
+            if one_gpu:
+                timelines.append(device_timeline(trace, source))
+            del trace  # one trace in memory at a time
+        if one_gpu:
+            diagnoses = _with_sharing(diagnoses, timelines)
     except TraceError as err:
         print(f"gpuscope explain: {err}", file=sys.stderr)
         return EXIT_FAILURE
@@ -53,6 +71,37 @@ def explain_path(path: Path, *, as_json: bool, shown_as: str | None = None) -> i
     else:
         print("\n\n".join(format_diagnosis(d) for d in diagnoses))
     return EXIT_OK
+
+
+def _capture_of_one_gpu(path: Path) -> bool:
+    """Whether ``path`` is a capture of one GPU (its capture.json names the GPU): its traces are of
+    processes that share that GPU, and are compared with each other."""
+    from gpuscope.common.json_input import JsonInputError, load_json
+    from gpuscope.common.unixfs import read_bounded
+
+    if not path.is_dir():
+        return False
+    try:
+        record = load_json(read_bounded(path / CAPTURE_RECORD, MAX_RECORD_BYTES), max_bytes=MAX_RECORD_BYTES)
+    except (OSError, JsonInputError, ValueError):
+        return False
+    return isinstance(record, dict) and isinstance(record.get("gpu"), int)
+
+
+def _with_sharing(diagnoses: list[Diagnosis], timelines: list[DeviceTimeline | None]) -> list[Diagnosis]:
+    """The diagnoses with what sharing the GPU cost each process."""
+    from gpuscope.analysis.findings import rank
+    from gpuscope.analysis.sharing import shared_gpu
+
+    out = []
+    for diagnosis, (finding, check) in zip(diagnoses, shared_gpu(timelines), strict=True):
+        if check is None:
+            out.append(diagnosis)
+            continue
+        findings = diagnosis.findings + ((finding,) if finding is not None else ())
+        out.append(replace(diagnosis, findings=tuple(sorted(findings, key=rank)),
+                           checks=(*diagnosis.checks, check)))
+    return out
 
 
 def _shown(file: Path, path: Path, shown_as: str | None) -> str:

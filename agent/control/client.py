@@ -41,7 +41,9 @@ from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
 
 DEFAULT_TIMEOUT_S = 10.0  # calls other than Capture and GetCapture
 PEER_INFO_TIMEOUT_S = 1.0  # asking another agent who it is, while this one starts
-CAPTURE_OVERHEAD_S = 60.0  # a Capture call may take its duration (and start delay) plus this
+# A Capture call may take its duration (and start delay) plus this: a PyTorch job writes its trace
+# after recording, which the agent waits for up to capture.kineto.write_timeout (5 minutes by default).
+CAPTURE_OVERHEAD_S = 360.0
 DOWNLOAD_TIMEOUT_S = 600.0
 MAX_RESPONSE_BYTES = 8 * 2**20
 MAX_PATH_CHARS = 1024

@@ -410,7 +410,7 @@ tr.alert.firing td{background:#fff5f5}
 .badge.up{background:#16a34a;color:#fff}
 .outcome{font-weight:600}
 .outcome.captured{color:#15803d}
-.outcome.failed,.outcome.unreachable{color:#b91c1c}
+.outcome.failed,.outcome.unreachable,.outcome.exited{color:#b91c1c}
 .nowrap{white-space:nowrap}
 .banner code{font-size:inherit}
 .muted{color:#6b7280}

@@ -1,12 +1,14 @@
 """A PyTorch training job for the capture tests: `python torch_workload.py [--serve PORT] [--idle]
-[--self-profile]`.
+[--self-profile] [--many-small-ops]`.
 
 Trains a small MLP on the CPU forever (linear layers, matmul, relu, backward, optimizer step) in the
 main thread. Started with KINETO_USE_DAEMON=1 in its environment, it polls the Kineto daemon; with
 --serve PORT it also calls gpuscope.workload.serve(PORT) (0: any free port) and prints "port N".
 --idle does no work; --self-profile keeps torch.profiler running over the loop (the job profiles
-itself, so an on-demand capture is busy). Prints "ready" once the loop has run, and exits when its
-standard input closes, so that it never outlives the test that started it.
+itself, so an on-demand capture is busy); --many-small-ops runs small ops back to back, without a
+pause, as a launch-bound job does (its traces are large and slow to write: about 700,000 events a
+second). Prints "ready" once the loop has run, and exits when its standard input closes, so that it
+never outlives the test that started it.
 """
 
 from __future__ import annotations
@@ -62,6 +64,12 @@ def main() -> None:
     print("ready", flush=True)
     if idle:
         threading.Event().wait()
+    if "--many-small-ops" in args:
+        small = torch.randn(64, 64)
+        while True:
+            x = small
+            for _ in range(100):
+                x = torch.relu(x @ small + 1.0) * 0.5
     while True:
         step()
         time.sleep(0.005)  # leave the CPU to the test and the profiler's threads

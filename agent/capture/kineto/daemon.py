@@ -13,12 +13,13 @@ A PyTorch process started with ``KINETO_USE_DAEMON=1`` polls the daemon over a U
   and logs an error, so a process finds a daemon started later within about 15 s.
 * The reply waits about 50 ms on the client's side (5 tries 10 ms apart, per Kineto's source); a
   later reply stays queued and is read at the next poll.
-* With ``ACTIVITIES_LOG_FILE=<dir>/trace.json`` the process writes ``<dir>/trace_<pid>.json.tmp``
-  (its own pid inserted before the first dot of the name) when the recording ends, fills it in a few
-  seconds later and renames it to ``<dir>/trace_<pid>.json``: the rename marks a complete trace.
-  It never creates ``<dir>``. Measured on CPU: a 1 s trace is complete about 4 s after the poll that
-  took the config (1 s recording, about 3 s writing); the default 5 s warm-up would add 5 s, so the
-  agent asks for ``ACTIVITIES_WARMUP_PERIOD_SECS=0``.
+* With ``ACTIVITIES_LOG_FILE=<dir>/trace.json`` the process creates ``<dir>/trace_<pid>.json.tmp``
+  (its own pid inserted before the first dot of the name) when it starts recording, fills it once the
+  recording ends and what it recorded is converted, and renames it to ``<dir>/trace_<pid>.json``: the
+  rename marks a complete trace. It never creates ``<dir>``. Measured on CPU: a 1 s trace of a light
+  loop is complete about 4 s after the poll that took the config; a 2 s trace of a busy loop of small
+  ops takes 8 to 30 s more (``trace_wait`` says how long the backend waits). The default 5 s warm-up
+  would add 5 s, so the agent asks for ``ACTIVITIES_WARMUP_PERIOD_SECS=0``.
 
 The daemon identifies a process by the kernel's credentials of the sender (``SO_PASSCRED``), so the
 pid it knows is the one the agent sees (the host pid when the agent runs in the host PID namespace),

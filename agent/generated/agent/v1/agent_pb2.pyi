@@ -16,6 +16,7 @@ class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OUTCOME_UNREACHABLE: _ClassVar[Outcome]
     OUTCOME_REFUSED: _ClassVar[Outcome]
     OUTCOME_FAILED: _ClassVar[Outcome]
+    OUTCOME_EXITED: _ClassVar[Outcome]
 OUTCOME_UNSPECIFIED: Outcome
 OUTCOME_CAPTURED: Outcome
 OUTCOME_BUSY: Outcome
@@ -23,6 +24,7 @@ OUTCOME_EMPTY: Outcome
 OUTCOME_UNREACHABLE: Outcome
 OUTCOME_REFUSED: Outcome
 OUTCOME_FAILED: Outcome
+OUTCOME_EXITED: Outcome
 
 class GetSnapshotRequest(_message.Message):
     __slots__ = ()

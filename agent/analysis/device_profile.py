@@ -1,0 +1,228 @@
+"""What the device was busy with: its time by kernel class and by the framework operation that
+launched each kernel.
+
+A kernel is tied to its operation through the trace's CUDA correlation id: the id of a kernel (or
+copy) on the device is the id of the launch call on a host thread (``cudaLaunchKernel``,
+``cuLaunchKernelEx``, ``cudaMemcpyAsync`` ...); the operation is the outermost operator open on that
+thread when the call was made (``aten::conv2d``; on the autograd thread,
+``autograd::engine::evaluate_function: IndexBackward0``), annotations such as ``Optimizer.step#...``
+left out. A kernel without a launch in the trace (or a trace without correlation ids, as XLA's) is
+its own operation: XLA's kernels are named after the fused operations they run.
+
+Device time is the sum of the kernels' and copies' durations within the steps: kernels that overlap on
+several streams each count, so the classes add up to the device's total, not to the step time.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuscope.analysis.intervals import IntervalSet
+from gpuscope.analysis.kernels import KERNEL_CLASSES, OPTIMIZER_KERNEL, KernelClass, classify
+from gpuscope.analysis.model import DEVICE_KINDS, Kind, Trace
+
+OPTIMIZER_ANNOTATION = "Optimizer.step#"
+MAX_OPS = 8  # operations kept in a profile, by device time
+SMALL_GRID_FILL = 1.0  # fewer thread blocks than SMs: part of the GPU has nothing to run
+
+
+@dataclass(frozen=True, slots=True)
+class OpTime:
+    """One framework operation's kernels."""
+
+    name: str
+    kernels: int
+    time_ms: float
+    share: float  # of the device's time
+    kernel: str  # its kernel with the most time
+    kernel_class: KernelClass  # that kernel's class
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kernels": self.kernels, "time_ms": self.time_ms, "share": self.share,
+                "kernel": self.kernel, "kernel_class": self.kernel_class}
+
+
+@dataclass(slots=True)
+class KernelStat:
+    """One kernel name's time within the steps, and what it was part of."""
+
+    cls: KernelClass
+    count: int = 0
+    us: float = 0.0
+    small_us: float = 0.0  # in launches with fewer blocks than SMs
+    small_count: int = 0
+    optimizer_us: float = 0.0  # launched by the optimizer's step
+    ops: dict[str, float] = field(default_factory=dict)  # by the operation that launched it
+
+    @property
+    def op(self) -> str:
+        return max(self.ops, key=self.ops.__getitem__) if self.ops else ""
+
+
+@dataclass(slots=True)
+class OpStat:
+    """One operation's kernels within the steps."""
+
+    count: int = 0
+    us: float = 0.0
+    by_class: dict[str, float] = field(default_factory=dict)
+    by_class_count: dict[str, int] = field(default_factory=dict)
+    by_kernel: dict[str, float] = field(default_factory=dict)
+
+    def top_kernel(self, cls: str | None = None, classes: dict[str, KernelStat] | None = None) -> str:
+        """Its kernel with the most time (of one class)."""
+        names = [name for name in self.by_kernel
+                 if cls is None or (classes is not None and classes[name].cls == cls)]
+        return max(names, key=self.by_kernel.__getitem__) if names else ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceProfile:
+    device_ms: float  # device time within the steps (overlapping streams each counted)
+    kernels: int  # kernels and copies within the steps
+    classes: dict[str, float]  # share of the device time per kernel class (KERNEL_CLASSES)
+    optimizer: float  # share of the device time launched by the optimizer's step
+    small_grids: float | None  # share in kernels with fewer blocks than SMs; None when unknown
+    ops: tuple[OpTime, ...]  # the operations with the most device time, largest first
+    attributed: float  # share of the device time tied to a framework operation
+    op_stats: dict[str, OpStat] = field(repr=False, compare=False)
+    kernel_stats: dict[str, KernelStat] = field(repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"device_ms": self.device_ms, "kernels": self.kernels, "classes": self.classes,
+                "optimizer": self.optimizer, "small_grids": self.small_grids, "attributed": self.attributed,
+                "ops": [op.to_json() for op in self.ops]}
+
+
+def device_profile(trace: Trace, window: tuple[float, float]) -> DeviceProfile | None:
+    """The profile of the device events that start within ``window``; None without any."""
+    return _Profiler(trace, window).run()
+
+
+class _Profiler:
+    def __init__(self, trace: Trace, window: tuple[float, float]) -> None:
+        self.trace = trace
+        self.window = window
+
+    def run(self) -> DeviceProfile | None:
+        trace = self.trace
+        a, b = self.window
+        launches = self._launches()
+        operators = _Outermost(trace)
+        optimizer = self._optimizer_spans()
+        names = trace.names
+        kernels: dict[str, KernelStat] = {}
+        ops: dict[str, OpStat] = {}
+        total = attributed_us = filled_us = 0.0
+        count = 0
+        for kind in DEVICE_KINDS:
+            spans = trace.spans[kind]
+            for i in range(len(spans)):
+                start = spans.start[i]
+                if not a <= start < b:
+                    continue
+                dur, name = spans.dur[i], names[spans.name[i]]
+                stat = kernels.get(name)
+                if stat is None:
+                    stat = kernels[name] = KernelStat(classify(kind, name))
+                total += dur
+                count += 1
+                launch = launches.get(spans.corr[i]) if spans.corr[i] >= 0 else None
+                op = operators.around(*launch) if launch is not None else None
+                if op is not None:
+                    attributed_us += dur
+                else:
+                    op = name
+                stat.count += 1
+                stat.us += dur
+                stat.ops[op] = stat.ops.get(op, 0.0) + dur
+                at = launch[0] if launch is not None else start
+                if (launch is not None and optimizer.covered(at, at + 1e-3) > 0) or (
+                        kind is Kind.KERNEL and OPTIMIZER_KERNEL.search(name)):
+                    stat.optimizer_us += dur
+                if kind is Kind.KERNEL and spans.fill[i] >= 0:
+                    filled_us += dur
+                    if spans.fill[i] < SMALL_GRID_FILL:
+                        stat.small_us += dur
+                        stat.small_count += 1
+                entry = ops.get(op)
+                if entry is None:
+                    entry = ops[op] = OpStat()
+                entry.count += 1
+                entry.us += dur
+                entry.by_class[stat.cls] = entry.by_class.get(stat.cls, 0.0) + dur
+                entry.by_class_count[stat.cls] = entry.by_class_count.get(stat.cls, 0) + 1
+                entry.by_kernel[name] = entry.by_kernel.get(name, 0.0) + dur
+        if not count or total <= 0:
+            return None
+        class_us = dict.fromkeys(KERNEL_CLASSES, 0.0)
+        for stat in kernels.values():
+            class_us[stat.cls] += stat.us
+        kernel_us = sum(us for cls, us in class_us.items() if cls not in ("memcpy", "memset"))
+        small_us = sum(stat.small_us for stat in kernels.values())
+        ranked = sorted(ops.items(), key=lambda kv: -kv[1].us)[:MAX_OPS]
+        top = [(name, entry, entry.top_kernel()) for name, entry in ranked]
+        return DeviceProfile(
+            device_ms=round(total / 1e3, 3), kernels=count,
+            classes={cls: round(us / total, 4) for cls, us in class_us.items()},
+            optimizer=round(sum(stat.optimizer_us for stat in kernels.values()) / total, 4),
+            # Known for most of the kernels' time, or not at all: a trace without grid sizes says nothing.
+            small_grids=(round(small_us / filled_us, 4) if kernel_us and filled_us >= 0.5 * kernel_us
+                         else None),
+            ops=tuple(OpTime(name, entry.count, round(entry.us / 1e3, 3), round(entry.us / total, 4), kernel,
+                             kernels[kernel].cls) for name, entry, kernel in top),
+            attributed=round(attributed_us / total, 4), op_stats=ops, kernel_stats=kernels)
+
+    def _launches(self) -> dict[int, tuple[float, int]]:
+        """Correlation id -> (start, thread) of the host call that launched it, for calls near the window."""
+        runtime = self.trace.spans[Kind.RUNTIME]
+        a, b = self.window
+        # A launch precedes its kernel, by up to the depth of the stream's queue: a second is generous.
+        earliest = a - 1e6
+        return {runtime.corr[i]: (runtime.start[i], runtime.track[i]) for i in range(len(runtime))
+                if runtime.corr[i] >= 0 and earliest <= runtime.start[i] < b}
+
+    def _optimizer_spans(self) -> IntervalSet:
+        ops, names = self.trace.spans[Kind.HOST_OP], self.trace.names
+        wanted = {i for i, name in enumerate(names) if name.startswith(OPTIMIZER_ANNOTATION)}
+        if not wanted:
+            return IntervalSet.empty()
+        return IntervalSet.merge((ops.start[i], ops.start[i] + ops.dur[i]) for i in range(len(ops))
+                                 if ops.name[i] in wanted)
+
+
+class _Outermost:
+    """The outermost operator open on a thread at a time (annotations left out), by binary search over
+    each thread's top-level operators."""
+
+    def __init__(self, trace: Trace) -> None:
+        ops, skip = trace.spans[Kind.HOST_OP], trace.annotations
+        self.names = trace.names
+        tops: dict[int, tuple[list[float], list[float], list[int]]] = {}
+        for i in range(len(ops)):
+            if ops.name[i] in skip:
+                continue
+            start, end = ops.start[i], ops.start[i] + ops.dur[i]
+            starts, ends, names = tops.setdefault(ops.track[i], ([], [], []))
+            if starts and start < ends[-1]:
+                # Nested in the current top, unless it starts with it and lasts longer (a parent
+                # written after its first child, both at the same microsecond).
+                if start == starts[-1] and end > ends[-1]:
+                    ends[-1], names[-1] = end, ops.name[i]
+                continue
+            starts.append(start)
+            ends.append(end)
+            names.append(ops.name[i])
+        self.tops = tops
+
+    def around(self, at: float, track: int) -> str | None:
+        found = self.tops.get(track)
+        if found is None:
+            return None
+        starts, ends, names = found
+        i = bisect_right(starts, at) - 1
+        if i >= 0 and ends[i] >= at:
+            return self.names[names[i]]
+        return None

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Cut a Kineto (PyTorch profiler) trace down to a few training steps, for a test fixture.
+
+    scripts/trim_trace.py IN.pt.trace.json.gz OUT.pt.trace.json.gz --steps 6 [--skip 2]
+
+The steps are counted as the diagnosis counts them: ``ProfilerStep#N`` spans, else PyTorch's
+``Optimizer.step#...`` annotations (a step ends where one ends). The window runs from the end of the
+``skip``-th boundary to the end of ``steps`` more, with a millisecond on either side; every complete
+event that overlaps it is kept (an operation that began before it still encloses its launches), and
+the operators and launch calls of the step before (the host runs ahead: they launched its kernels),
+with the fields the diagnosis reads (name, category, times, thread or stream, and the arguments
+``correlation``, ``stream``, ``blocks per SM``, ``External id``). Flow events, Kineto's own overhead
+spans and GPU-side annotations are dropped; the top-level keys (``deviceProperties``,
+``baseTimeNanoseconds`` ...) are kept as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+KEPT_CATEGORIES = {"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "kernel",
+                   "gpu_memcpy", "gpu_memset"}
+HOST_CALLS = {"cpu_op", "cuda_runtime", "cuda_driver"}
+KEPT_ARGS = ("correlation", "stream", "blocks per SM", "External id", "device")
+MARGIN_US = 1000.0
+
+
+def boundaries(events: list[dict[str, Any]]) -> list[float]:
+    """Where steps end: ProfilerStep ends, else optimizer step ends."""
+    host = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("user_annotation", "cpu_op")]
+    steps = [e for e in host if re.fullmatch(r"ProfilerStep#\d+", str(e.get("name")))]
+    if not steps:
+        steps = [e for e in host if str(e.get("name")).startswith("Optimizer.step#")]
+    return sorted(float(e["ts"]) + float(e.get("dur", 0)) for e in steps)
+
+
+def trim(document: dict[str, Any], steps: int, skip: int) -> dict[str, Any]:
+    events = document["traceEvents"]
+    ends = boundaries(events)
+    if len(ends) < skip + steps + 1:
+        raise SystemExit(f"the trace has {max(len(ends) - 1, 0)} whole steps; asked for {skip} + {steps}")
+    first, last = ends[skip] - MARGIN_US, ends[skip + steps] + MARGIN_US
+    # The host runs ahead of the device: the first step's kernels were launched during the step before,
+    # whose operators and launch calls are kept too (not its annotations, which would add a step).
+    host_first = ends[skip - 1] if skip > 0 else first
+    kept = []
+    for event in events:
+        if event.get("ph") == "M":
+            kept.append(event)
+            continue
+        if event.get("ph") != "X" or event.get("cat") not in KEPT_CATEGORIES:
+            continue
+        start = float(event.get("ts", 0))
+        begin = host_first if event.get("cat") in HOST_CALLS else first
+        if start > last or start + float(event.get("dur", 0)) < begin:  # kept if it overlaps the window
+            continue
+        args = event.get("args") or {}
+        slim = {key: event[key] for key in ("ph", "cat", "name", "pid", "tid", "ts", "dur") if key in event}
+        slim["args"] = {key: args[key] for key in KEPT_ARGS if key in args}
+        kept.append(slim)
+    return {**{k: v for k, v in document.items() if k != "traceEvents"}, "traceEvents": kept}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", type=Path)
+    parser.add_argument("target", type=Path)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--skip", type=int, default=2, help="whole steps left out at the start")
+    args = parser.parse_args(argv)
+    opener = gzip.open if args.source.name.endswith(".gz") else open
+    with opener(args.source, "rt", encoding="utf-8") as file:
+        document = json.load(file)
+    trimmed = trim(document, args.steps, args.skip)
+    text = json.dumps(trimmed, separators=(",", ":"))
+    if args.target.name.endswith(".gz"):
+        with gzip.GzipFile(args.target, "wb", compresslevel=9, mtime=0) as out:
+            out.write(text.encode())
+    else:
+        args.target.write_text(text)
+    print(f"{args.target}: {len(trimmed['traceEvents'])} events, {len(text) / 2**20:.1f} MiB of JSON, "
+          f"{args.target.stat().st_size / 2**10:.0f} KiB on disk", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""What a busy device does, and a GPU shared by the processes of one capture: Kineto traces written here
+with a known share of each pattern (kernels tied to their operators by correlation ids, grid sizes as
+Kineto records them), read through the real reader and the real `gpuscope explain`."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuscope.analysis.diagnose import Diagnosis, diagnose
+from gpuscope.analysis.kernels import classify
+from gpuscope.analysis.kineto_json import read_kineto
+from gpuscope.analysis.model import Kind
+from gpuscope.analysis.render import format_diagnosis
+from gpuscope.cli.explain import explain_path
+
+STEP_US = 10_000.0
+STEPS = 8
+MAIN, STREAM = 100, 7
+BASE_NS = 1_795_000_000_000_000_000  # a Unix time in 2026
+
+
+class Job:
+    """A PyTorch-shaped trace: each kernel launched by a cudaLaunchKernel inside its operator on the
+    main thread, tied to it by a correlation id, with Kineto's "blocks per SM"."""
+
+    def __init__(self, pid: int = 1, *, capability: tuple[int, int] | None = (9, 0)) -> None:
+        self.pid = pid
+        self.events: list[dict[str, Any]] = []
+        self.correlation = 1000 * pid
+        self.capability = capability
+
+    def op(self, name: str, ts: float, dur: float, cat: str = "cpu_op") -> None:
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": self.pid, "tid": MAIN, "ts": ts,
+                            "dur": dur, "args": {}})
+
+    def kernel(self, op: str, kernel: str, ts: float, dur: float, *, blocks_per_sm: float = 4.0) -> None:
+        """``op`` launches ``kernel`` 20 us before it runs at ``ts``."""
+        self.correlation += 1
+        self.op(op, ts - 25.0, 10.0)
+        self.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": self.pid,
+                            "tid": MAIN, "ts": ts - 20.0, "dur": 4.0,
+                            "args": {"correlation": self.correlation}})
+        self.events.append({"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": STREAM, "ts": ts,
+                            "dur": dur, "args": {"stream": STREAM, "correlation": self.correlation,
+                                                 "blocks per SM": blocks_per_sm}})
+
+    def steps(self, parts: list[tuple[str, str, float]], *, offset: float = 0.0, **kernel: Any) -> Job:
+        """Every step runs ``parts`` (op, kernel, microseconds) back to back from its start."""
+        for n in range(STEPS):
+            start = 1_000_000.0 + offset + n * STEP_US
+            self.op(f"ProfilerStep#{n}", start, STEP_US, cat="user_annotation")
+            at = start + 30.0
+            for op, name, dur in parts:
+                self.kernel(op, name, at, dur, **kernel)
+                at += dur
+        return self
+
+    def write(self, path: Path) -> Path:
+        properties = [] if self.capability is None else [
+            {"id": 0, "name": "GPU", "computeMajor": self.capability[0], "computeMinor": self.capability[1],
+             "numSms": 132}]
+        path.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": properties,
+                                    "baseTimeNanoseconds": BASE_NS, "traceEvents": self.events}))
+        return path
+
+    def diagnose(self, tmp_path: Path) -> Diagnosis:
+        diagnosis = diagnose(read_kineto(self.write(tmp_path / f"job{self.pid}.pt.trace.json")))
+        assert format_diagnosis(diagnosis)
+        return diagnosis
+
+
+FP32_CONV = "void cudnn::cnn::wgrad_alg0_engine<float, 128, 5, 5, 3, 3, 3, false, 512>(int, float*)"
+BF16_GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NTT"
+TO_NHWC = "void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, false, true>(int)"
+INDEX_BACKWARD = "void (anonymous namespace)::indexing_backward_kernel_stride_1<float>(long const*)"
+SPIN = "void spin_wait_kernel(int*)"
+
+
+def kinds(diagnosis: Diagnosis) -> dict[str, str]:
+    return {f.kind: f.severity for f in diagnosis.findings}
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    (FP32_CONV, "fp32_matmul"),
+    ("sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw_tilesize128x32x8_g1_ffma", "fp32_matmul"),
+    ("volta_sgemm_128x64_nn", "fp32_matmul"),
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nt_n_tilesize128x256x32", "tensor_core"),
+    ("void cutlass::Kernel<cutlass_tensorop_s1688dgrad_optimized_tf32_256x64_16x4_nhwc>(P)", "tensor_core"),
+    (BF16_GEMM, "tensor_core"),
+    ("ampere_bf16_s16816gemm_bf16_128x256_ldg8_f2f_nn", "tensor_core"),
+    (TO_NHWC, "layout"),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)", "collective"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float> >(int)", "other"),
+])
+def test_kernels_are_told_apart_by_their_names(name: str, expected: str) -> None:
+    assert classify(Kind.KERNEL, name) == expected
+
+
+def test_fp32_convolutions_on_a_tensor_core_gpu_leave_its_tensor_cores_idle(tmp_path: Path) -> None:
+    job = Job().steps([("aten::conv2d", FP32_CONV, 6_000.0), ("aten::linear", BF16_GEMM, 3_800.0)])
+    diagnosis = job.diagnose(tmp_path)
+    assert diagnosis.verdict == "tensor_cores_idle"
+    (found,) = [f for f in diagnosis.findings if f.kind == "tensor_cores_idle"]
+    assert found.severity == "high" and found.share == pytest.approx(0.60, abs=0.01)
+    assert (found.evidence[0].name, found.evidence[0].count) == ("aten::conv2d", STEPS)
+    assert found.evidence[0].detail.startswith("cudnn::cnn::wgrad_alg0_engine<float")
+    assert "compute capability 9.0" in found.summary and "autocast" in found.remedy
+    profile = diagnosis.device_profile
+    assert profile is not None and profile["attributed"] == 1.0
+    assert [op["name"] for op in profile["ops"]] == ["aten::conv2d", "aten::linear"]
+
+
+def test_a_gpu_without_tensor_cores_is_not_told_to_use_them(tmp_path: Path) -> None:
+    job = Job(capability=(6, 1)).steps([("aten::conv2d", FP32_CONV, 9_800.0)])
+    diagnosis = job.diagnose(tmp_path)
+    assert diagnosis.verdict == "healthy"
+    assert "tensor_cores_idle" not in {c.kind for c in diagnosis.checks}
+
+
+def test_layout_conversions_and_a_costly_indexing_op_are_named(tmp_path: Path) -> None:
+    job = Job().steps([("aten::conv2d", BF16_GEMM, 6_000.0), ("aten::conv2d", TO_NHWC, 1_000.0),
+                       ("autograd::engine::evaluate_function: IndexBackward0", INDEX_BACKWARD, 2_500.0)])
+    diagnosis = job.diagnose(tmp_path)
+    assert kinds(diagnosis) == {"costly_op": "high", "layout_conversion": "moderate"}
+    (costly,) = [f for f in diagnosis.findings if f.kind == "costly_op"]
+    assert costly.share == pytest.approx(0.25, abs=0.01) and costly.per_step == 1.0
+    assert costly.evidence[0].name == "autograd::engine::evaluate_function: IndexBackward0"
+    assert "indexing_backward_kernel_stride_1<float>" in costly.summary
+
+
+def test_kernels_that_fill_few_sms_are_small_grids(tmp_path: Path) -> None:
+    """A GPU NVML calls 98% busy whose kernels run one block on a few of its 132 SMs."""
+    job = Job().steps([("aten::spin", SPIN, 9_800.0)], blocks_per_sm=0.0076)
+    diagnosis = job.diagnose(tmp_path)
+    assert diagnosis.verdict == "small_grids"
+    (found,) = diagnosis.findings
+    assert found.severity == "high" and found.share == pytest.approx(0.98, abs=0.01)
+    assert found.evidence[0].name == "spin_wait_kernel" and found.evidence[0].detail == "aten::spin"
+
+
+def test_an_idle_device_makes_its_kernels_efficiency_low(tmp_path: Path) -> None:
+    """Busy 30% of each step: fp32 kernels are not what the step waits for."""
+    job = Job().steps([("aten::conv2d", FP32_CONV, 3_000.0)])
+    for n in range(STEPS):
+        job.op("aten::_save_checkpoint", 1_000_000.0 + n * STEP_US + 3_100.0, 6_800.0)
+    diagnosis = job.diagnose(tmp_path)
+    assert diagnosis.verdict == "idle_between_steps"
+    assert kinds(diagnosis)["tensor_cores_idle"] == "low"
+
+
+def capture_of(folder: Path, jobs: list[Job], *, gpu: int | None = 0) -> Path:
+    folder.mkdir()
+    for job in jobs:
+        job.write(folder / f"node_{job.pid}.1.pt.trace.json")
+    (folder / "capture.json").write_text(json.dumps({"id": "x", "gpu": gpu}))
+    return folder
+
+
+def explain_json(path: Path) -> dict[str, Any]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert explain_path(path, as_json=True) == 0
+    return dict(json.loads(out.getvalue()))
+
+
+def test_two_processes_whose_kernels_overlap_on_one_gpu_share_it(tmp_path: Path) -> None:
+    """Time-sliced, each process's kernels stretch over the other's slices: both look busy all the time,
+    at the same time."""
+    trainer = Job(1).steps([("aten::linear", BF16_GEMM, 9_900.0)])
+    evaluator = Job(2).steps([("aten::linear", BF16_GEMM, 9_900.0)], offset=3_000.0)
+    report = explain_json(capture_of(tmp_path / "capture", [trainer, evaluator]))
+    first, second = report["traces"]
+    assert report["verdict"] == "shared_gpu"
+    for trace, other in ((first, "node_2.1.pt.trace.json"), (second, "node_1.1.pt.trace.json")):
+        assert [f["kind"] for f in trace["findings"]] == ["shared_gpu"]
+        (shared,) = trace["findings"]
+        assert shared["severity"] == "high" and shared["share"] > 0.6
+        assert shared["evidence"][0]["name"].endswith(other)
+        assert "one process per GPU" in shared["remedy"]
+    # All but the first 3 ms of its first step and the 0.1 ms gaps: (6.9 + 7 x 9.8) ms in 80 ms.
+    assert first["findings"][0]["share"] == pytest.approx(0.944, abs=0.005)
+
+
+def test_processes_that_take_turns_or_are_not_of_one_gpu_share_nothing(tmp_path: Path) -> None:
+    first = Job(1).steps([("aten::linear", BF16_GEMM, 4_000.0)])
+    second = Job(2).steps([("aten::linear", BF16_GEMM, 4_000.0)], offset=5_000.0)
+    turns = explain_json(capture_of(tmp_path / "turns", [first, second]))
+    assert turns["verdict"] == "host_bound"  # each idles 60% of its step, outside any operation
+    assert all(f["kind"] != "shared_gpu" for t in turns["traces"] for f in t["findings"])
+    assert [c["value"] for t in turns["traces"] for c in t["checks"] if c["kind"] == "shared_gpu"] == [0, 0]
+    # Overlapping, but not known to be on one GPU (no capture record naming one): not compared.
+    overlapping = [Job(3).steps([("aten::linear", BF16_GEMM, 9_900.0)]),
+                   Job(4).steps([("aten::linear", BF16_GEMM, 9_900.0)])]
+    for folder, gpu in (("ranks", None), ("plain", 0)):
+        path = capture_of(tmp_path / folder, overlapping, gpu=gpu)
+        if folder == "plain":
+            (path / "capture.json").unlink()
+        report = explain_json(path)
+        assert report["verdict"] == "healthy"
+        assert all(c["kind"] != "shared_gpu" for t in report["traces"] for c in t["checks"])
