@@ -204,3 +204,90 @@ def test_processes_that_take_turns_or_are_not_of_one_gpu_share_nothing(tmp_path:
         report = explain_json(path)
         assert report["verdict"] == "healthy"
         assert all(c["kind"] != "shared_gpu" for t in report["traces"] for c in t["checks"])
+
+
+@pytest.mark.parametrize("name", [
+    "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel<float, float>(long, float*)",
+    "input_convert_f16_fusion",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda>(int)",
+])
+def test_names_that_only_look_like_matrix_kernels_are_not(name: str) -> None:
+    assert classify(Kind.KERNEL, name) == "other"
+
+
+def test_collectives_that_gather_are_communication_not_a_costly_op(tmp_path: Path) -> None:
+    """FSDP's all-gathers overlap the compute on their own stream: the device time of c10d's
+    all-gather is communication, not a data-dependent operation to replace."""
+    job = Job().steps([("aten::linear", BF16_GEMM, 7_000.0),
+                       ("c10d::_allgather_base_", "ncclDevKernel_AllGather_RING_LL(ncclDevComm*)", 2_800.0)])
+    diagnosis = job.diagnose(tmp_path)
+    assert "costly_op" not in {f.kind for f in diagnosis.findings}
+    (check,) = [c for c in diagnosis.checks if c.kind == "costly_op"]
+    assert check.value == 0
+
+
+def test_backward_on_the_autograd_thread_is_not_host_bound(tmp_path: Path) -> None:
+    """PyTorch runs the backward pass on the autograd engine's thread, while the main thread waits in
+    code the profiler does not trace: that thread's operators are traced work, not Python."""
+    job = Job()
+    for n in range(STEPS):
+        start = 1_000_000.0 + n * STEP_US
+        job.op(f"ProfilerStep#{n}", start, STEP_US, cat="user_annotation")
+        job.kernel("aten::linear", BF16_GEMM, start + 30.0, 2_000.0)
+        for k in range(4):  # the backward: an operator on thread 2, then the device idles 1.5 ms
+            at = start + 2_100.0 + k * 1_900.0
+            job.correlation += 1
+            job.events.append({"ph": "X", "cat": "cpu_op", "name": "autograd::engine::evaluate_function: "
+                               "AddmmBackward0", "pid": 1, "tid": 2, "ts": at, "dur": 1_850.0, "args": {}})
+            job.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1,
+                               "tid": 2, "ts": at + 1_800.0, "dur": 4.0,
+                               "args": {"correlation": job.correlation}})
+            job.events.append({"ph": "X", "cat": "kernel", "name": BF16_GEMM, "pid": 0, "tid": STREAM,
+                               "ts": at + 1_820.0, "dur": 300.0, "args": {"stream": STREAM,
+                                                                          "correlation": job.correlation}})
+    diagnosis = job.diagnose(tmp_path)
+    assert "host_bound" not in {f.kind for f in diagnosis.findings}
+    assert diagnosis.verdict == "idle_between_steps"
+    (found,) = [f for f in diagnosis.findings if f.kind == "idle_between_steps"]
+    assert found.evidence[0].name == "autograd::engine::evaluate_function: AddmmBackward0"
+
+
+def test_untraced_time_on_the_step_thread_is_host_bound_named_by_its_marker(tmp_path: Path) -> None:
+    job = Job().steps([("aten::linear", BF16_GEMM, 4_000.0)])  # then 6 ms in untraced Python
+    diagnosis = job.diagnose(tmp_path)
+    assert diagnosis.verdict == "host_bound"
+    (found,) = diagnosis.findings
+    marker, untraced, device = found.evidence
+    assert (marker.name, marker.count) == ("ProfilerStep", STEPS)
+    assert marker.time_ms == pytest.approx(STEPS * STEP_US / 1e3)
+    assert "runs ProfilerStep (every 10.0 ms)" in found.summary
+    assert untraced.time_ms / STEPS == pytest.approx(6.0, abs=0.1)
+    assert device.count == STEPS and device.time_ms / STEPS == pytest.approx(4.0, abs=0.1)
+
+
+def test_a_process_that_drives_two_gpus_fills_each_at_its_own_share(tmp_path: Path) -> None:
+    """fp32 convolutions 40% of the step on each of two GPUs: 40%, not 80%."""
+    job = Job().steps([("aten::conv2d", FP32_CONV, 4_000.0), ("aten::linear", BF16_GEMM, 5_800.0)])
+    job.events += [{**e, "pid": 1 if e["pid"] == 0 else e["pid"]} for e in job.events if e["cat"] == "kernel"]
+    diagnosis = job.diagnose(tmp_path)
+    assert diagnosis.device_profile is not None and diagnosis.device_profile["devices"] == 2
+    (found,) = [f for f in diagnosis.findings if f.kind == "tensor_cores_idle"]
+    assert found.share == pytest.approx(0.40, abs=0.01)
+
+
+def test_non_finite_times_are_left_out_and_tiny_steps_do_not_fail(tmp_path: Path) -> None:
+    path = tmp_path / "odd.pt.trace.json"
+    events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1,
+               "ts": 10.0 + n, "dur": 1.0} for n in range(4)]
+    events += [{"ph": "X", "cat": "kernel", "name": "void at::native::index_elementwise_kernel<128>(int)",
+                "pid": 0, "tid": 7, "ts": 10.2 + n, "dur": 0.12, "args": {"stream": 7}} for n in range(4)]
+    # Python's JSON decoder reads NaN and Infinity: they must not enter a sum.
+    text = json.dumps({"traceEvents": events})[:-2] + ', {"ph": "X", "cat": "kernel", "name": "bad", ' \
+        '"pid": 0, "tid": 7, "ts": 11.5, "dur": NaN}, {"ph": "X", "cat": "kernel", "name": "worse", ' \
+        '"pid": 0, "tid": 7, "ts": Infinity, "dur": 1}]}'
+    path.write_text(text)
+    trace = read_kineto(path)
+    assert "bad" not in trace.names and "worse" not in trace.names
+    diagnosis = diagnose(trace)
+    report = json.dumps(diagnosis.to_json(), allow_nan=False)  # valid JSON: no NaN anywhere
+    assert format_diagnosis(diagnosis) and report

@@ -135,10 +135,18 @@ def test_the_jax_job_fed_by_a_python_generator_is_host_bound() -> None:
     assert "prefetch" in found.remedy and "python_tracer_level=1" in found.remedy
 
 
+@pytest.mark.parametrize("name", ["healthy_mlp_bf16", "seg_masked_loss", "seg_fixed_loss",
+                                  "resnet50_dataloader_no_workers", "deep_narrow_mlp"])
+def test_every_kernel_is_tied_to_the_operation_that_launched_it(name: str) -> None:
+    profile = diagnosis_of(name).device_profile
+    assert profile is not None and profile["devices"] == 1
+    assert profile["attributed"] > 0.95  # through the correlation ids of the launches
+    assert not any(op["name"] == op["kernel"] for op in profile["ops"]), profile["ops"]
+
+
 def test_the_device_time_is_tied_to_the_operations_that_launched_it() -> None:
     profile = diagnosis_of("seg_masked_loss").device_profile
     assert profile is not None
-    assert profile["attributed"] > 0.95  # through the correlation ids of the launches
     names = [op["name"] for op in profile["ops"]]
     assert names[0] == "autograd::engine::evaluate_function: ConvolutionBackward0"
     assert "aten::conv2d" in names

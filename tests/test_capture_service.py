@@ -9,13 +9,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from capturing import Workload
-from snapshots import make_gpu, make_snapshot
 from test_alert_scenarios import ManualClock
 
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.model import Transition
 from gpuscope.alerts.rules import RulesConfig, build_rules
-from gpuscope.capture.config import CaptureConfig, StaticTarget
+from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.model import BackendResult, CaptureTarget, StagingArea, Trigger
 from gpuscope.capture.policy import CapturePolicy
 from gpuscope.capture.records import record_from_bytes
@@ -101,39 +100,61 @@ def test_an_alert_captures_the_jax_job_once_then_cooldown(jax_job: Workload, tmp
 
 
 def test_the_processes_of_one_capture_are_profiled_at_the_same_time(tmp_path: Path) -> None:
-    """Two profilers named for GPU 0: each capture waits until the other has begun (a barrier), which
-    only a concurrent capture passes. Their traces then cover the same seconds, and two processes take
-    one capture's time."""
-    barrier = threading.Barrier(2, timeout=10)
+    """Two PyTorch jobs and two gRPC profilers on one GPU: the PyTorch captures (streamed from files)
+    and the gRPC lane run at once (they meet at a barrier, which captures taken one after another never
+    pass), while the gRPC captures, each held in memory as it arrives, run one at a time. A backend that
+    raises fails its own target only."""
+    barrier = threading.Barrier(3, timeout=10)
+    lock = threading.Lock()
+    in_memory_now: list[int] = [0, 0]  # running, most at once
 
-    class Rendezvous:
-        kind = "tsl"
+    class Profiler:
+        def __init__(self, kind: str) -> None:
+            self.kind = kind
 
         def capture(self, target: CaptureTarget, duration_s: float, staging: StagingArea, *,
                     deadline_s: float) -> BackendResult:
+            if target.pid == 13:
+                raise RuntimeError("a bug " + "x" * 1000)
+            if self.kind == "tsl":
+                with lock:
+                    in_memory_now[0] += 1
+                    in_memory_now[1] = max(in_memory_now)
             try:
-                barrier.wait()
+                if self.kind == "kineto" or target.address == "127.0.0.1:6009":
+                    barrier.wait()
+                else:
+                    time.sleep(0.2)  # the first gRPC capture is over by now, if they run in turn
+                name = f"t{target.pid}"
+                with staging.new_file(name, ".pt.trace.json.gz") as new:
+                    new.file.write(b"{}")
+                    return BackendResult("captured", files=(new.publish(),))
             except threading.BrokenBarrierError:
                 return BackendResult("failed", error="captured one after the other")
-            name = (target.address or "").replace(":", "_").replace(".", "_")
-            with staging.new_file(name, ".xplane.pb", folders=("plugins", "profile", staging.run)) as new:
-                new.file.write(b"\x0a\x00")
-                return BackendResult("captured", files=(new.publish(),))
+            finally:
+                if self.kind == "tsl":
+                    with lock:
+                        in_memory_now[0] -= 1
 
     config = CaptureConfig.model_validate({"store": {"root": str(tmp_path / "captures")}})
     store = CaptureStore(tmp_path / "captures", quota_bytes=config.store.quota_bytes)
-    targets = [StaticTarget(address="127.0.0.1:6009", gpu=0), StaticTarget(address="127.0.0.1:6010", gpu=0)]
-    snapshot = make_snapshot([make_gpu(0, processes=())])
     service = CaptureService(store=store, policy=CapturePolicy(config),
-                             resolver=TargetResolver(profiler_ports=[], static_targets=targets),
-                             backends={"tsl": Rendezvous()},  # type: ignore[dict-item]
-                             snapshots=SimpleNamespace(latest=lambda: snapshot),  # type: ignore[arg-type]
+                             resolver=TargetResolver(profiler_ports=[], static_targets=[]),
+                             backends={"kineto": Profiler("kineto"), "tsl": Profiler("tsl")},  # type: ignore[dict-item]
+                             snapshots=SimpleNamespace(latest=lambda: None),  # type: ignore[arg-type]
                              hostname="node", deadline_margin_s=10.0)
-    service.start()
+    targets = [CaptureTarget("kineto", 11), CaptureTarget("tsl", 21, "127.0.0.1:6009"),
+               CaptureTarget("kineto", 12), CaptureTarget("tsl", 22, "127.0.0.1:6010"),
+               CaptureTarget("kineto", 13)]
+    staging = store.begin(gpu=0, pid=None)
     try:
-        record = service.submit(CaptureRequest(Trigger("user", user="me"), gpu=0)).result(timeout=30)
+        outcomes = service._run_backends(targets, SimpleNamespace(duration_s=1.0),  # type: ignore[arg-type]
+                                         staging)
     finally:
-        service.stop()
+        store.abort(staging)
         store.close()
-    assert [t.outcome for t in record.targets] == ["captured", "captured"], record
-    assert record.outcome == "captured" and len(record.files) == 2
+    assert [(o.target.pid, o.outcome) for o in outcomes] == [
+        (11, "captured"), (21, "captured"), (12, "captured"), (22, "captured"), (13, "failed")]
+    assert in_memory_now[1] == 1
+    error = outcomes[-1].error or ""
+    assert error.startswith("internal error: a bug") and len(error) <= 500

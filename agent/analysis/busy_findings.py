@@ -17,13 +17,15 @@ then ``low``, to read once the idle time is gone.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from gpuscope.analysis.device_profile import DeviceProfile, KernelStat
+from gpuscope.analysis.evidence import MAX_EVIDENCE
 from gpuscope.analysis.findings import BOUNDS, Check, Evidence, Finding, Severity, percent
-from gpuscope.analysis.patterns import NON_COMPUTE_OP, REMEDIES
+from gpuscope.analysis.patterns import COLLECTIVE_KERNEL, NON_COMPUTE_OP, REMEDIES
 
-MAX_EVIDENCE = 5
+COLLECTIVE_OP = re.compile(rf"{COLLECTIVE_KERNEL.pattern}|c10d::|nccl:", re.IGNORECASE)
 MIN_BUSY = 0.5  # of the step time: below it, the device's own efficiency is not the step's limit
 TENSOR_CORE_CAPABILITY = (7, 0)
 
@@ -53,7 +55,10 @@ def busy_findings(context: BusyContext) -> tuple[list[Finding], list[Check]]:
 
 
 def _of_steps(context: BusyContext, us: float) -> float:
-    return min(us / context.step_us, 1.0) if context.step_us > 0 else 0.0
+    """Device time as a share of the steps' time, per GPU: a process that drives several GPUs has as
+    many times the steps' time to fill."""
+    span = context.step_us * context.profile.devices
+    return min(us / span, 1.0) if span > 0 else 0.0
 
 
 def _severity(context: BusyContext, kind: str, share: float) -> tuple[Severity | None, str]:
@@ -114,8 +119,8 @@ def _tensor_cores(context: BusyContext) -> tuple[Finding | None, Check] | None:
     if capability is not None and capability < TENSOR_CORE_CAPABILITY:
         return None  # no tensor cores to leave idle
     profile = context.profile
-    fp32_us = profile.classes.get("fp32_matmul", 0.0) * profile.device_ms * 1e3
-    tensor_us = profile.classes.get("tensor_core", 0.0) * profile.device_ms * 1e3
+    fp32_us = profile.class_us["fp32_matmul"]
+    tensor_us = profile.class_us["tensor_core"]
     measured = _measure(context, "tensor_cores_idle", fp32_us,
                         note=f"tensor-core kernels {percent(_of_steps(context, tensor_us))}")
     share, severity = measured.share, measured.severity
@@ -133,7 +138,7 @@ def _tensor_cores(context: BusyContext) -> tuple[Finding | None, Check] | None:
 
 def _layout(context: BusyContext) -> tuple[Finding | None, Check] | None:
     profile = context.profile
-    us = profile.classes.get("layout", 0.0) * profile.device_ms * 1e3
+    us = profile.class_us["layout"]
     measured = _measure(context, "layout_conversion", us)
     if measured.severity is None:
         return None, measured.check
@@ -146,8 +151,10 @@ def _layout(context: BusyContext) -> tuple[Finding | None, Check] | None:
 
 def _costly_op(context: BusyContext) -> tuple[Finding | None, Check] | None:
     profile = context.profile
+    # Collectives gather and scatter too (all-gather, reduce-scatter): communication, not a costly op.
     candidates = sorted(((name, stat) for name, stat in profile.op_stats.items()
-                         if NON_COMPUTE_OP.search(name)), key=lambda kv: -kv[1].us)
+                         if NON_COMPUTE_OP.search(name) and not COLLECTIVE_OP.search(name)
+                         and stat.by_class.get("collective", 0.0) < 0.5 * stat.us), key=lambda kv: -kv[1].us)
     if not candidates:
         return None, Check("costly_op", 0.0, BOUNDS["costly_op"].moderate)
     name, stat = candidates[0]
@@ -156,7 +163,7 @@ def _costly_op(context: BusyContext) -> tuple[Finding | None, Check] | None:
     if severity is None:
         return None, measured.check
     kernel = stat.top_kernel()
-    kernel_share = stat.by_kernel[kernel] / (profile.device_ms * 1e3)
+    kernel_share = stat.by_kernel[kernel] / profile.device_us
     summary = (f"{name} takes {percent(share)} of the step time on the device in "
                f"{stat.count / max(context.steps, 1):.0f} kernels per step, {percent(kernel_share)} of the "
                f"device's time in {_short(kernel, 60)} alone: it moves or selects data, it does not compute "
@@ -180,7 +187,7 @@ def _small_grids(context: BusyContext) -> tuple[Finding | None, Check] | None:
     summary = (f"kernels with fewer thread blocks than the GPU has SMs run {percent(measured.share)} of the "
                f"step time: most of the GPU's multiprocessors have nothing to do while NVML counts the GPU "
                f"busy{measured.caveat}")
-    evidence = tuple(Evidence(_short(name), stat.small_count, _ms(stat.small_us), detail=stat.op)
+    evidence = tuple(Evidence(_short(name), stat.small_count, _ms(stat.small_us), detail=_short(stat.op))
                      for name, stat in small[:MAX_EVIDENCE])
     return Finding("small_grids", measured.severity, round(measured.share, 4), None, summary, evidence,
                    REMEDIES["small_grids"]), measured.check
@@ -188,7 +195,7 @@ def _small_grids(context: BusyContext) -> tuple[Finding | None, Check] | None:
 
 def _optimizer(context: BusyContext) -> tuple[Finding | None, Check] | None:
     profile = context.profile
-    us = profile.optimizer * profile.device_ms * 1e3
+    us = profile.optimizer_us
     share = _of_steps(context, us)
     row = Check("optimizer_heavy", round(share, 4), BOUNDS["optimizer_heavy"].low or 0.0)
     severity = BOUNDS["optimizer_heavy"].severity(share)
@@ -199,7 +206,7 @@ def _optimizer(context: BusyContext) -> tuple[Finding | None, Check] | None:
     summary = (f"the optimizer's step takes {percent(share)} of the step time on the device "
                f"({_ms(us) / max(context.steps, 1):.2f} ms per step): a fused optimizer does it in fewer "
                "passes over the parameters")
-    evidence = tuple(Evidence(_short(name), stat.count, _ms(stat.optimizer_us), detail=stat.op)
+    evidence = tuple(Evidence(_short(name), stat.count, _ms(stat.optimizer_us), detail=_short(stat.op))
                      for name, stat in rows)
     return Finding("optimizer_heavy", severity, round(share, 4), None, summary, evidence,
                    REMEDIES["optimizer_heavy"]), row

@@ -15,15 +15,16 @@ several streams each count, so the classes add up to the device's total, not to 
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from array import array
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.analysis.intervals import IntervalSet
 from gpuscope.analysis.kernels import KERNEL_CLASSES, OPTIMIZER_KERNEL, KernelClass, classify
 from gpuscope.analysis.model import DEVICE_KINDS, Kind, Trace
+from gpuscope.analysis.steps import OPTIMIZER_PREFIX
 
-OPTIMIZER_ANNOTATION = "Optimizer.step#"
 MAX_OPS = 8  # operations kept in a profile, by device time
 SMALL_GRID_FILL = 1.0  # fewer thread blocks than SMs: part of the GPU has nothing to run
 
@@ -80,7 +81,10 @@ class OpStat:
 
 @dataclass(frozen=True, slots=True)
 class DeviceProfile:
-    device_ms: float  # device time within the steps (overlapping streams each counted)
+    device_us: float  # device time within the steps (overlapping streams each counted), unrounded
+    class_us: dict[str, float]  # of it, per kernel class, unrounded
+    devices: int  # GPUs with activity in the trace (a process may drive several)
+    device_ms: float  # device_us, rounded for people
     kernels: int  # kernels and copies within the steps
     classes: dict[str, float]  # share of the device time per kernel class (KERNEL_CLASSES)
     optimizer: float  # share of the device time launched by the optimizer's step
@@ -90,8 +94,13 @@ class DeviceProfile:
     op_stats: dict[str, OpStat] = field(repr=False, compare=False)
     kernel_stats: dict[str, KernelStat] = field(repr=False, compare=False)
 
+    @property
+    def optimizer_us(self) -> float:
+        return sum(stat.optimizer_us for stat in self.kernel_stats.values())
+
     def to_json(self) -> dict[str, Any]:
-        return {"device_ms": self.device_ms, "kernels": self.kernels, "classes": self.classes,
+        return {"device_ms": self.device_ms, "devices": self.devices, "kernels": self.kernels,
+                "classes": self.classes,
                 "optimizer": self.optimizer, "small_grids": self.small_grids, "attributed": self.attributed,
                 "ops": [op.to_json() for op in self.ops]}
 
@@ -109,14 +118,16 @@ class _Profiler:
     def run(self) -> DeviceProfile | None:
         trace = self.trace
         a, b = self.window
-        launches = self._launches()
+        launches = _Launches(trace, self.window)
         operators = _Outermost(trace)
         optimizer = self._optimizer_spans()
+        optimizer_ops = operators.inside(optimizer)
         names = trace.names
         kernels: dict[str, KernelStat] = {}
         ops: dict[str, OpStat] = {}
         total = attributed_us = filled_us = 0.0
         count = 0
+        gpus: set[int] = set()  # device tracks, told apart by GPU below
         for kind in DEVICE_KINDS:
             spans = trace.spans[kind]
             for i in range(len(spans)):
@@ -130,6 +141,7 @@ class _Profiler:
                 total += dur
                 count += 1
                 launch = launches.get(spans.corr[i]) if spans.corr[i] >= 0 else None
+                gpus.add(spans.track[i])
                 op = operators.around(*launch) if launch is not None else None
                 if op is not None:
                     attributed_us += dur
@@ -138,9 +150,16 @@ class _Profiler:
                 stat.count += 1
                 stat.us += dur
                 stat.ops[op] = stat.ops.get(op, 0.0) + dur
-                at = launch[0] if launch is not None else start
-                if (launch is not None and optimizer.covered(at, at + 1e-3) > 0) or (
-                        kind is Kind.KERNEL and OPTIMIZER_KERNEL.search(name)):
+                # The optimizer's by where it was launched, or by the operation that launched it when
+                # that ran inside an optimizer step elsewhere in the trace (at the recording's start the
+                # host is steps ahead of the device: the step that launched the first kernels is not in
+                # it); by its name only when neither is known (a GradScaler's or clip_grad_norm_'s
+                # multi-tensor kernels are not the optimizer's).
+                if launch is not None:
+                    in_optimizer = optimizer.covered(launch[0], launch[0] + 1e-3) > 0 or op in optimizer_ops
+                else:
+                    in_optimizer = kind is Kind.KERNEL and OPTIMIZER_KERNEL.search(name) is not None
+                if in_optimizer:
                     stat.optimizer_us += dur
                 if kind is Kind.KERNEL and spans.fill[i] >= 0:
                     filled_us += dur
@@ -157,14 +176,16 @@ class _Profiler:
                 entry.by_kernel[name] = entry.by_kernel.get(name, 0.0) + dur
         if not count or total <= 0:
             return None
-        class_us = dict.fromkeys(KERNEL_CLASSES, 0.0)
+        class_us: dict[str, float] = dict.fromkeys(KERNEL_CLASSES, 0.0)
         for stat in kernels.values():
             class_us[stat.cls] += stat.us
         kernel_us = sum(us for cls, us in class_us.items() if cls not in ("memcpy", "memset"))
         small_us = sum(stat.small_us for stat in kernels.values())
         ranked = sorted(ops.items(), key=lambda kv: -kv[1].us)[:MAX_OPS]
         top = [(name, entry, entry.top_kernel()) for name, entry in ranked]
+        devices = len({_gpu_of(trace.tracks[track]) for track in gpus})
         return DeviceProfile(
+            device_us=total, class_us=class_us, devices=max(devices, 1),
             device_ms=round(total / 1e3, 3), kernels=count,
             classes={cls: round(us / total, 4) for cls, us in class_us.items()},
             optimizer=round(sum(stat.optimizer_us for stat in kernels.values()) / total, 4),
@@ -175,22 +196,40 @@ class _Profiler:
                              kernels[kernel].cls) for name, entry, kernel in top),
             attributed=round(attributed_us / total, 4), op_stats=ops, kernel_stats=kernels)
 
-    def _launches(self) -> dict[int, tuple[float, int]]:
-        """Correlation id -> (start, thread) of the host call that launched it, for calls near the window."""
-        runtime = self.trace.spans[Kind.RUNTIME]
-        a, b = self.window
-        # A launch precedes its kernel, by up to the depth of the stream's queue: a second is generous.
-        earliest = a - 1e6
-        return {runtime.corr[i]: (runtime.start[i], runtime.track[i]) for i in range(len(runtime))
-                if runtime.corr[i] >= 0 and earliest <= runtime.start[i] < b}
-
     def _optimizer_spans(self) -> IntervalSet:
         ops, names = self.trace.spans[Kind.HOST_OP], self.trace.names
-        wanted = {i for i, name in enumerate(names) if name.startswith(OPTIMIZER_ANNOTATION)}
+        wanted = {i for i, name in enumerate(names) if name.startswith(OPTIMIZER_PREFIX)}
         if not wanted:
             return IntervalSet.empty()
         return IntervalSet.merge((ops.start[i], ops.start[i] + ops.dur[i]) for i in range(len(ops))
                                  if ops.name[i] in wanted)
+
+
+def _gpu_of(track: str) -> str:
+    """The GPU of a device track ("GPU 0 stream 7", "GPU 0 Stream #14(...)"): its first two words."""
+    return " ".join(track.split()[:2])
+
+
+class _Launches:
+    """The host call that launched each correlation id: its start and thread. Kept as the runtime
+    spans' indices sorted by correlation id (an array, searched by bisection), not a dict of them."""
+
+    def __init__(self, trace: Trace, window: tuple[float, float]) -> None:
+        runtime = self.runtime = trace.spans[Kind.RUNTIME]
+        # A launch precedes its kernel, by up to the depth of the stream's queue: a second is generous.
+        earliest, end = window[0] - 1e6, window[1]
+        first, last = bisect_left(runtime.start, earliest), bisect_left(runtime.start, end)
+        corr = runtime.corr
+        self.order = array("q", sorted((i for i in range(first, last) if corr[i] >= 0),
+                                       key=corr.__getitem__))
+        self.keys = array("q", (corr[i] for i in self.order))
+
+    def get(self, correlation: int) -> tuple[float, int] | None:
+        at = bisect_left(self.keys, correlation)
+        if at < len(self.keys) and self.keys[at] == correlation:
+            i = self.order[at]
+            return self.runtime.start[i], self.runtime.track[i]
+        return None
 
 
 class _Outermost:
@@ -200,12 +239,12 @@ class _Outermost:
     def __init__(self, trace: Trace) -> None:
         ops, skip = trace.spans[Kind.HOST_OP], trace.annotations
         self.names = trace.names
-        tops: dict[int, tuple[list[float], list[float], list[int]]] = {}
+        tops: dict[int, tuple[array[float], array[float], array[int]]] = {}
         for i in range(len(ops)):
             if ops.name[i] in skip:
                 continue
             start, end = ops.start[i], ops.start[i] + ops.dur[i]
-            starts, ends, names = tops.setdefault(ops.track[i], ([], [], []))
+            starts, ends, names = tops.setdefault(ops.track[i], (array("d"), array("d"), array("I")))
             if starts and start < ends[-1]:
                 # Nested in the current top, unless it starts with it and lasts longer (a parent
                 # written after its first child, both at the same microsecond).
@@ -216,6 +255,15 @@ class _Outermost:
             ends.append(end)
             names.append(ops.name[i])
         self.tops = tops
+
+    def inside(self, spans: IntervalSet) -> set[str]:
+        """The names of the top-level operators that start within ``spans``."""
+        found: set[int] = set()
+        for starts, _, names in self.tops.values():
+            for start, name in zip(starts, names, strict=True):
+                if name not in found and spans.covered(start, start + 1e-3) > 0:
+                    found.add(name)
+        return {self.names[name] for name in found}
 
     def around(self, at: float, track: int) -> str | None:
         found = self.tops.get(track)

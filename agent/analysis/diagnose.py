@@ -18,8 +18,9 @@ waiting for input, and host-device synchronisation points counted per step.
 
 from __future__ import annotations
 
+import re
 import statistics
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -52,13 +53,13 @@ from gpuscope.analysis.patterns import (
     SYNC_OPS,
     SYNC_RUNTIME,
 )
-from gpuscope.analysis.steps import Step, Steps, find_steps
+from gpuscope.analysis.steps import OPTIMIZER_PREFIX, Step, Steps, find_steps
 
 HIGH = IDLE_BOUNDS.high
 MODERATE = IDLE_BOUNDS.moderate
 SHORT_GAP_US = 1000.0  # a device gap this short between two kernels is launch overhead, not a stall
 SHORT_KERNEL_US = 50.0
-OPTIMIZER_STEP = "Optimizer.step#"
+STEP_NUMBER = re.compile(r"#\d+$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,24 +237,33 @@ class _Analysis:
         return max(launches, key=launches.__getitem__) if launches else -1
 
     def _untraced(self, track: int) -> IntervalSet:
-        """The steps' time in which ``track`` runs no traced event: no operation, Python function or
-        runtime call open on it. A span longer than any step wraps the loop (``<module>``, an outer
-        annotation) and says nothing of what runs inside."""
+        """The steps' time in which no thread that drives the device runs a traced event: the thread
+        that dispatches the steps and every thread that launches kernels (PyTorch's backward runs on
+        the autograd engine's thread while the main one waits in untraced code), none with an
+        operation, Python function or runtime call open. A span longer than any step wraps the loop
+        (``<module>``, an outer annotation) and says nothing of what runs inside."""
         a, b = self.window
         if track < 0:
             return IntervalSet.empty()
+        tracks = {track} | self._launching_tracks()
         longest = max(step.duration for step in self.steps.steps)
-        covered = []
+        wrapper = longest if self.n > 1 else float("inf")
+        limit = min(wrapper, 0.9 * self.time)
+        covered = IntervalSet.empty()
         for kind in (Kind.HOST_OP, Kind.PYTHON, Kind.RUNTIME):
             spans = self.trace.spans[kind]
-            for i in range(len(spans)):
-                if spans.track[i] != track:
-                    continue
-                dur = spans.dur[i]
-                if (dur > longest and self.n > 1) or dur >= 0.9 * self.time:
-                    continue
-                covered.append((spans.start[i], spans.start[i] + dur))
-        return IntervalSet.merge([(a, b)]).difference(IntervalSet.merge(covered))
+            covered = covered.union(IntervalSet.from_sorted(
+                (spans.start[i], spans.start[i] + spans.dur[i]) for i in range(len(spans))
+                if spans.track[i] in tracks and spans.dur[i] < limit))
+        return IntervalSet.merge([(a, b)]).difference(covered)
+
+    def _launching_tracks(self) -> set[int]:
+        """The threads that launch kernels within the steps."""
+        runtime, names = self.trace.spans[Kind.RUNTIME], self.trace.names
+        launch = {i for i, name in enumerate(names) if LAUNCH_RUNTIME.match(name)}
+        a, b = self.window
+        return {runtime.track[i] for i in range(bisect_left(runtime.start, a), bisect_left(runtime.start, b))
+                if runtime.name[i] in launch}
 
     # ---------------------------------------------------------------- without a device
 
@@ -295,28 +305,35 @@ class _Analysis:
         untraced_ms = self._covered(untraced_idle) / n / 1e3
         busy_ms = self._covered(busy) / n / 1e3
         thread = self.trace.tracks[track]
-        marker = self.steps.marker or "the steps"
         device = "device" if self.trace.has_device else "compiled computation"
-        summary = (f"the {device} idles {percent(share)} of the step time while the thread that dispatches "
+        # The steps' own markers are numbered (ProfilerStep#12): the evidence names them without it.
+        marker = STEP_NUMBER.sub("", self.steps.marker) or "the steps"
+        what = "runs" if self.steps.method == "markers" else "dispatches"
+        summary = (f"the {device} idles {percent(share)} of the step time while the thread that {what} "
                    f"{marker} (every {step_ms:.1f} ms) runs no traced operation: {untraced_ms:.1f} ms "
                    f"of untraced host time per step against {busy_ms:.1f} ms of {device} work per step. "
                    "This is Python the profiler does not trace; in a step(next(batches)) loop, the input "
                    "pipeline")
-        marked = [i for i in range(len(self.trace.spans[Kind.HOST_OP]))
-                  if self.trace.names[self.trace.spans[Kind.HOST_OP].name[i]] == self.steps.marker]
-        dispatch_ms = sum(self.trace.spans[Kind.HOST_OP].dur[i] for i in marked
-                          if self.window[0] <= self.trace.spans[Kind.HOST_OP].start[i] < self.window[1])
         kernels = sum(1 for kind in DEVICE_KINDS for s in self.trace.spans[kind].start
                       if self.window[0] <= s < self.window[1])
         evidence = [Evidence(f"no traced operation on {thread}", self.n, round(untraced_ms * n, 3),
                              detail=f"{untraced_ms:.1f} ms per step with the {device} idle")]
         if self.steps.marker:
-            evidence.insert(0, Evidence(marker, self.n, round(dispatch_ms / 1e3, 3),
-                                        detail=f"dispatches a step every {step_ms:.1f} ms"))
+            evidence.insert(0, Evidence(marker, self.n, round(self._marker_ms(), 3),
+                                        detail=f"{what} a step every {step_ms:.1f} ms"))
         evidence.append(Evidence(f"{device} work", kernels or self.n, round(busy_ms * n, 3),
                                  detail=f"{busy_ms:.1f} ms per step"))
         return Finding("host_bound", severity, round(share, 4), None, summary, tuple(evidence),
                        REMEDIES["host_bound"])
+
+    def _marker_ms(self) -> float:
+        """The time in the steps' marking events: the steps themselves, or the dispatch operation."""
+        if self.steps.method == "markers":
+            return self.steps.time / 1e3
+        ops, names = self.trace.spans[Kind.HOST_OP], self.trace.names
+        a, b = self.window
+        return sum(ops.dur[i] for i in range(bisect_left(ops.start, a), bisect_left(ops.start, b))
+                   if names[ops.name[i]] == self.steps.marker) / 1e3
 
     def _sync_finding(self, events: list[tuple[float, float, str, int]], share: float | None,
                       behind: IntervalSet) -> Finding | None:
@@ -502,7 +519,7 @@ class _Analysis:
             # Without the device's side nothing tells a read of a CPU tensor from one of a GPU's, but
             # an optimizer's own reads are of its step counters, which live on the CPU (AdamW reads
             # one per parameter): they are not counted.
-            optimizer = self._merge_named((Kind.HOST_OP,), lambda name: name.startswith(OPTIMIZER_STEP))
+            optimizer = self._merge_named((Kind.HOST_OP,), lambda name: name.startswith(OPTIMIZER_PREFIX))
             events = [e for e in events if optimizer.covered(e[0], e[1]) < e[1] - e[0]]
         inside = IntervalSet.merge((s, e) for s, e, _, _ in events)
         for i in self._in_steps(Kind.RUNTIME):

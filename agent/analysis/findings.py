@@ -97,9 +97,14 @@ class Check:
 def rank(finding: Finding) -> tuple[int, int, float, int]:
     """Sort key: most severe first; at equal severity the device's idle time before its work; then the
     larger share; then the checklist's order."""
-    share = finding.share if finding.share is not None else IDLE_BOUNDS.moderate
-    return (SEVERITIES.index(finding.severity), finding.kind not in IDLE_KINDS, -share,
-            FINDING_KINDS.index(finding.kind) if finding.kind in FINDING_KINDS else len(FINDING_KINDS))
+    return rank_of(finding.kind, finding.severity, finding.share)
+
+
+def rank_of(kind: str, severity: str, share: float | None) -> tuple[int, int, float, int]:
+    """``rank`` of a finding as its parts (a finding read back from JSON)."""
+    return (SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES),
+            kind not in IDLE_KINDS, -(share if share is not None else IDLE_BOUNDS.moderate),
+            FINDING_KINDS.index(kind) if kind in FINDING_KINDS else len(FINDING_KINDS))
 
 
 def verdict_of(findings: tuple[Finding, ...] | list[Finding]) -> str:

@@ -30,8 +30,16 @@ class IntervalSet:
     @classmethod
     def merge(cls, intervals: Iterable[tuple[float, float]]) -> IntervalSet:
         """The union of any intervals (overlapping, unsorted, empty ones ignored)."""
+        return cls.from_sorted(sorted(i for i in intervals if i[1] > i[0]))
+
+    @classmethod
+    def from_sorted(cls, intervals: Iterable[tuple[float, float]]) -> IntervalSet:
+        """The union of intervals that come sorted by start (a trace's columns): merged as they stream
+        by, never held as a list."""
         starts, ends = array("d"), array("d")
-        for s, e in sorted(i for i in intervals if i[1] > i[0]):
+        for s, e in intervals:
+            if e <= s:
+                continue
             if ends and s <= ends[-1]:
                 ends[-1] = max(ends[-1], e)
             else:

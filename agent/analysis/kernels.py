@@ -4,8 +4,8 @@ Kernel names are the libraries' own (cuBLAS, cuBLASLt, cuDNN, CUTLASS, PyTorch's
 say the precision and the instructions a matrix kernel uses:
 
 - tensor cores: ``hmma``/``wgmma``/``imma``/``gmma``, CUTLASS's ``tensorop`` and ``s1688``/``h16816``
-  shapes, a ``tf32``/``bf16``/``f16`` operand type in an ``xmma`` name, cuBLASLt's ``nvjet`` kernels,
-  flash attention;
+  shapes (Volta's ``h884gemm``), a ``tf32``/``bf16``/``f16`` operand type in an ``xmma`` name,
+  cuBLASLt's ``nvjet`` kernels, flash attention;
 - fp32 on the SIMT cores: ``sgemm``, ``f32f32_f32f32`` operands, ``ffma``, cuDNN's ``<float`` engines
   (``wgrad_alg0_engine<float, ...>``, ``implicit_convolve_sgemm``), cuBLAS's small ``gemmSN<float>``.
 
@@ -28,11 +28,12 @@ KERNEL_CLASSES: tuple[KernelClass, ...] = ("tensor_core", "fp32_matmul", "other_
 
 # cuDNN's conversions between NCHW and NHWC around a convolution that wants the other layout.
 LAYOUT_KERNEL = re.compile(r"nchwToNhwc|nhwcToNchw|tensorTransformGeneric|nchwToNchw|nhwcToNhwc")
-MATMUL_KERNEL = re.compile(r"gemm|gemv|conv|fprop|dgrad|wgrad|xmma|cutlass|nvjet|mma|flash|fmha",
-                           re.IGNORECASE)
+# Anchored: "mma" is not LayerNorm's GammaBeta kernel, "conv" is not a dtype conversion.
+MATMUL_KERNEL = re.compile(r"gemm|gemv|conv(?!ert)|fprop|dgrad|wgrad|xmma|cutlass|nvjet"
+                           r"|(?<![a-z])(?:h|wg|i|g)?mma|flash|fmha", re.IGNORECASE)
 TENSOR_CORE_KERNEL = re.compile(
-    r"tf32|bf16|f16|fp16|hmma|wgmma|imma|gmma|tensorop|tensor\d+x\d+|1688|16816|8816|nvjet|flash|fmha",
-    re.IGNORECASE)
+    r"tf32|bf16|(?<![a-z])f16|fp16|(?<![a-z])(?:h|wg|i|g)mma|tensorop|tensor\d+x\d+|1688|16816|8816|884gemm|nvjet"
+    r"|flash|fmha", re.IGNORECASE)
 FP32_KERNEL = re.compile(r"sgemm|f32f32_f32f32|ffma|<float\b|_fp32_|gemmSN_\w+<float", re.IGNORECASE)
 # Optimizer kernels outside an ``Optimizer.step`` annotation (a fused optimizer called directly).
 OPTIMIZER_KERNEL = re.compile(r"multi_tensor_apply|fused_?adam|fused_?sgd|FusedAdam|FusedSGD|adam_kernel",

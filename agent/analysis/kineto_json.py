@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import re
 import zlib
 from pathlib import Path
@@ -219,8 +220,9 @@ class KinetoEvents:
 
 
 def number(value: Any) -> float | None:
-    """A time field as a float, or None when it is not a number."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    """A time field as a float, or None when it is not a finite number (JSON's NaN and Infinity, which
+    Python's decoder accepts, would poison every sum they enter)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
 

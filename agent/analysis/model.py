@@ -1,7 +1,7 @@
 """One small event model for both stored trace formats (Kineto/Chrome JSON and XSpace).
 
 A trace of a few hundred megabytes holds millions of events: they are kept in columns (``array``
-of doubles and ints, about 28 bytes an event) with names interned once, never as one Python object
+of doubles and ints, 36 bytes an event) with names interned once, never as one Python object
 per event. Times are microseconds from the trace's first event, durations microseconds.
 
 Kinds of span:

@@ -15,6 +15,7 @@ from gpuscope.analysis.findings import HEALTHY, Check, rank, verdict_of
 
 WIDTH = 100
 MAX_OPS_SHOWN = 5
+DETAIL_WIDTH = 90
 HEALTHY_TEXT = "no finding over its threshold"
 CLASS_NAMES = {"tensor_core": "tensor cores", "fp32_matmul": "fp32 matmul/conv",
                "other_matmul": "other matmul", "layout": "layout conversions", "collective": "collectives",
@@ -71,7 +72,8 @@ def _finding(f: Finding) -> list[str]:
         last = "CALL SITE" if any(e.site for e in f.evidence) or not any(e.detail for e in f.evidence) \
             else "DETAIL"
         rows = [("", "COUNT", "TIME (ms)", last)] + [
-            (e.name, str(e.count), f"{e.time_ms:.1f}", e.site or e.detail or "-") for e in f.evidence]
+            (e.name, str(e.count), f"{e.time_ms:.1f}", _clip(e.site or e.detail or "-", DETAIL_WIDTH))
+            for e in f.evidence]
         name_width = min(max(len(r[0]) for r in rows), 60)
         for name, count, time, site in rows:
             lines.append(f"    {_clip(name, name_width):<{name_width}}  {count:>6}  {time:>10}  "

@@ -32,8 +32,13 @@ class DeviceTimeline:
 
 
 def device_timeline(trace: Trace, source: str) -> DeviceTimeline | None:
-    """None for a trace without device activity, or whose clock is not the node's."""
+    """None for a trace without device activity, whose clock is not the node's, or of a process that
+    drives several GPUs (its other GPUs' kernels share nothing with this GPU's other processes)."""
     if not trace.has_device or trace.epoch_ns is None:
+        return None
+    gpus = {" ".join(trace.tracks[track].split()[:2]) for kind in DEVICE_KINDS
+            for track in set(trace.spans[kind].track)}
+    if len(gpus) != 1:
         return None
     steps = find_steps(trace).steps
     offset = trace.epoch_ns / 1e3

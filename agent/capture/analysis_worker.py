@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuscope.analysis.findings import FINDING_KINDS, HEALTHY, IDLE_KINDS, SEVERITIES
+from gpuscope.analysis.findings import FINDING_KINDS, HEALTHY, rank_of
 from gpuscope.analysis.sources import is_trace_in_folder
 from gpuscope.capture.model import CaptureRecord
 from gpuscope.capture.store import CaptureStore, CaptureStoreError
@@ -201,8 +201,7 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
                 "evidence": str(evidence.get("name", ""))[:MAX_TEXT],
                 "site": str(evidence.get("site", ""))[:MAX_TEXT],
                 "trace": Path(str(trace.get("source", ""))).name[:MAX_TEXT]})
-    findings.sort(key=lambda f: (_severity_rank(f["severity"]), f["kind"] not in IDLE_KINDS,
-                                 -(f["share"] or 0.05)))
+    findings.sort(key=lambda f: rank_of(f["kind"], f["severity"], f["share"]))
     findings = findings[:MAX_FINDINGS]
     # A low finding (an opportunity, a cost the device hides) never makes the verdict.
     top = next((f for f in findings if f["severity"] != "low"), None)
@@ -210,10 +209,6 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
     headline = f"{verdict}: {top['summary']}" if top else f"{HEALTHY}: no finding over its threshold"
     return {"verdict": verdict, "headline": headline[:MAX_TEXT], "findings": findings,
             "traces": len(report.get("traces") or ())}
-
-
-def _severity_rank(severity: str) -> int:
-    return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
 
 
 def _trace_files(record: CaptureRecord) -> list[str]:

@@ -29,6 +29,7 @@ from gpuscope.capture.model import (
     Trigger,
     TriggerKind,
     best_outcome,
+    clip_error,
 )
 from gpuscope.capture.policy import CapturePolicy, Decision
 from gpuscope.capture.store import (
@@ -241,22 +242,33 @@ class CaptureService:
 
     def _run_backends(self, targets: list[CaptureTarget], decision: Decision,
                       staging: Staging) -> tuple[TargetOutcome, ...]:
-        """Every target at once: the traces of a GPU's processes then cover the same seconds (the
-        analysis compares them to see whether they shared the GPU), and several processes take one
-        capture's time, not one each."""
+        """The targets at the same time, so that the traces of a GPU's processes cover the same seconds
+        (the analysis compares them to see whether the processes shared the GPU) and several
+        processes take one capture's time. A PyTorch (Kineto) trace is streamed from a file: any
+        number at once. A trace that arrives over gRPC is held in memory (about 3.6 times
+        capture.max_trace_bytes at worst): those run one after another, in one lane beside them."""
         if len(targets) == 1:
             return (self._run_backend(targets[0], decision, staging),)
-        with ThreadPoolExecutor(max_workers=min(len(targets), _MAX_PARALLEL_TARGETS),
+        lanes: list[list[int]] = [[i] for i, t in enumerate(targets) if t.kind == "kineto"]
+        in_memory = [i for i, t in enumerate(targets) if t.kind != "kineto"]
+        if in_memory:
+            lanes.append(in_memory)
+        outcomes: list[TargetOutcome | None] = [None] * len(targets)
+
+        def run_lane(lane: list[int]) -> None:
+            for i in lane:
+                try:
+                    outcomes[i] = self._run_backend(targets[i], decision, staging)
+                except Exception as err:  # a backend's bug: that target failed, the others stand
+                    log.exception("capture of %s failed", targets[i].describe())
+                    outcomes[i] = TargetOutcome(targets[i], "failed",
+                                                error=clip_error(f"internal error: {err}"))
+
+        with ThreadPoolExecutor(max_workers=min(len(lanes), _MAX_PARALLEL_TARGETS),
                                 thread_name_prefix="gs-capture-target") as pool:
-            futures = [pool.submit(self._run_backend, target, decision, staging) for target in targets]
-        outcomes = []
-        for target, future in zip(targets, futures, strict=True):
-            try:
-                outcomes.append(future.result())
-            except Exception as err:  # a backend's bug: that target failed, the others stand
-                log.exception("capture of %s failed", target.describe())
-                outcomes.append(TargetOutcome(target, "failed", error=f"internal error: {err}"))
-        return tuple(outcomes)
+            for future in [pool.submit(run_lane, lane) for lane in lanes]:
+                future.result()
+        return tuple(o for o in outcomes if o is not None)
 
     def _run_backend(self, target: CaptureTarget, decision: Decision, staging: Staging) -> TargetOutcome:
         backend = self._backends.get(target.kind)

@@ -103,7 +103,6 @@ class TracedWork:
                 device_end = min(origin + (step.device_until if step.device_until is not None
                                            else step.busy_until), finish)
                 started = time.time_ns()
-                inner += self._kernels(started, started + int((device_end - now) * 1e9), step.fill)
                 if now < busy_end:
                     blocks = compute_until(busy_end)
                     inner.append(Span("compute", "cpu_op", started, max(time.time_ns(), started + LAUNCH_NS),
@@ -112,6 +111,11 @@ class TracedWork:
                 # PyTorch's DataLoader annotates it, so `gpuscope explain` reads the story it tells.
                 inner += self._wait(step_end, INPUT_WAIT, {"why": "the simulated GPU is idle: the job "
                                                                   "waits for its input"})
+                # The device's part is its share of the step as it really went: a step the machine
+                # made late (a busy host oversleeps) does not turn into device idle time.
+                planned = max(step_end - now, 1e-9)
+                device_ns = int((time.time_ns() - started) * max(0.0, device_end - now) / planned)
+                inner += self._kernels(started, started + device_ns, step.fill)
             else:
                 inner += self._wait(step_end, "not running", {"why": "the scenario has not started this "
                                                                      "process, or has stopped it"})
