@@ -70,32 +70,13 @@ server.wait_for_termination()
 # A PyTorch job's side of the Kineto on-demand protocol, scripted: poll until a trace config comes,
 # "record" for its duration, then write trace_<pid>.json.tmp of about SIZE bytes and rename it.
 KINETO_JOB = r"""
-import os, socket, sys, time, uuid
-from pathlib import Path
-from gpuscope.capture.kineto.protocol import (
-    TYPE_REQUEST, client_address, encode_request, parse_config, socket_address, split_message)
+import os, sys, time
+from gpuscope.simulate.kineto_client import KinetoClient
 daemon, size = sys.argv[1], int(sys.argv[2])
-sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-sock.bind(client_address(daemon, str(uuid.uuid4())))
-sock.connect(socket_address(daemon))
-sock.settimeout(1.0)
-announced = False
-while True:
-    sock.send(encode_request((os.getpid(), os.getppid())))
-    try:
-        kind, body = split_message(sock.recv(65536), 0)
-    except (TimeoutError, ConnectionRefusedError):
-        time.sleep(0.5)
-        continue
-    if not announced:
-        print("ready", flush=True)
-        announced = True
-    if kind == TYPE_REQUEST and body:
-        config = parse_config(body)
-        break
-    time.sleep(0.5)
-time.sleep(int(config["ACTIVITIES_DURATION_MSECS"]) / 1000)
-final = Path(config["ACTIVITIES_LOG_FILE"]).with_name(f"trace_{os.getpid()}.json")
+client = KinetoClient(daemon, on_trace=lambda _: None, busy=lambda: False)
+request = client.wait_for_request(0.5, lambda: print("ready", flush=True))
+time.sleep(request.duration_s)
+final = request.trace_path(os.getpid())
 temporary = final.with_name(final.name + ".tmp")
 pid = os.getpid()
 block = "".join(

@@ -8,10 +8,8 @@ from __future__ import annotations
 import gzip
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +27,7 @@ from capturing import (
     wait_ready,
 )
 from snapshots import FakeSource
+from test_control_api import short_dir as short_directory
 
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.factory import build_captures
@@ -44,12 +43,8 @@ MIB = 2**20
 
 @pytest.fixture(scope="module")
 def short_dir() -> Iterator[Path]:
-    # A Unix socket path holds 107 bytes: pytest's tmp paths can be too long for the client sockets.
-    path = Path(tempfile.mkdtemp(prefix="gw-", dir="/tmp"))
-    try:
+    with short_directory() as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

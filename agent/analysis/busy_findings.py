@@ -83,7 +83,8 @@ def _measure(context: BusyContext, kind: str, us: float, note: str = "") -> _Mea
     """``us`` of device time as a share of the steps' time, its check and its severity."""
     share = _of_steps(context, us)
     severity, caveat = _severity(context, kind, share)
-    return _Measured(share, Check(kind, round(share, 4), BOUNDS[kind].moderate, note=note), severity, caveat)
+    return _Measured(share, Check(kind, round(share, 4), BOUNDS[kind].reported_from, note=note), severity,
+                     caveat)
 
 
 def _ms(us: float) -> float:
@@ -196,11 +197,10 @@ def _small_grids(context: BusyContext) -> tuple[Finding | None, Check] | None:
 def _optimizer(context: BusyContext) -> tuple[Finding | None, Check] | None:
     profile = context.profile
     us = profile.optimizer_us
-    share = _of_steps(context, us)
-    row = Check("optimizer_heavy", round(share, 4), BOUNDS["optimizer_heavy"].low or 0.0)
-    severity = BOUNDS["optimizer_heavy"].severity(share)
+    measured = _measure(context, "optimizer_heavy", us)  # low at most: never capped
+    share, severity = measured.share, measured.severity
     if severity is None:
-        return None, row
+        return None, measured.check
     rows = sorted(((name, stat) for name, stat in profile.kernel_stats.items() if stat.optimizer_us),
                   key=lambda kv: -kv[1].optimizer_us)[:MAX_EVIDENCE]
     summary = (f"the optimizer's step takes {percent(share)} of the step time on the device "
@@ -209,4 +209,4 @@ def _optimizer(context: BusyContext) -> tuple[Finding | None, Check] | None:
     evidence = tuple(Evidence(_short(name), stat.count, _ms(stat.optimizer_us), detail=_short(stat.op))
                      for name, stat in rows)
     return Finding("optimizer_heavy", severity, round(share, 4), None, summary, evidence,
-                   REMEDIES["optimizer_heavy"]), row
+                   REMEDIES["optimizer_heavy"]), measured.check

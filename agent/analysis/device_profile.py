@@ -29,22 +29,6 @@ MAX_OPS = 8  # operations kept in a profile, by device time
 SMALL_GRID_FILL = 1.0  # fewer thread blocks than SMs: part of the GPU has nothing to run
 
 
-@dataclass(frozen=True, slots=True)
-class OpTime:
-    """One framework operation's kernels."""
-
-    name: str
-    kernels: int
-    time_ms: float
-    share: float  # of the device's time
-    kernel: str  # its kernel with the most time
-    kernel_class: KernelClass  # that kernel's class
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "kernels": self.kernels, "time_ms": self.time_ms, "share": self.share,
-                "kernel": self.kernel, "kernel_class": self.kernel_class}
-
-
 @dataclass(slots=True)
 class KernelStat:
     """One kernel name's time within the steps, and what it was part of."""
@@ -81,16 +65,14 @@ class OpStat:
 
 @dataclass(frozen=True, slots=True)
 class DeviceProfile:
-    device_us: float  # device time within the steps (overlapping streams each counted), unrounded
-    class_us: dict[str, float]  # of it, per kernel class, unrounded
+    """Times in microseconds, as measured; ``to_json`` rounds them for people."""
+
+    device_us: float  # device time within the steps (overlapping streams each counted)
+    class_us: dict[str, float]  # of it, per kernel class (KERNEL_CLASSES)
+    attributed_us: float  # of it, tied to a framework operation
     devices: int  # GPUs with activity in the trace (a process may drive several)
-    device_ms: float  # device_us, rounded for people
     kernels: int  # kernels and copies within the steps
-    classes: dict[str, float]  # share of the device time per kernel class (KERNEL_CLASSES)
-    optimizer: float  # share of the device time launched by the optimizer's step
     small_grids: float | None  # share in kernels with fewer blocks than SMs; None when unknown
-    ops: tuple[OpTime, ...]  # the operations with the most device time, largest first
-    attributed: float  # share of the device time tied to a framework operation
     op_stats: dict[str, OpStat] = field(repr=False, compare=False)
     kernel_stats: dict[str, KernelStat] = field(repr=False, compare=False)
 
@@ -98,11 +80,25 @@ class DeviceProfile:
     def optimizer_us(self) -> float:
         return sum(stat.optimizer_us for stat in self.kernel_stats.values())
 
+    @property
+    def classes(self) -> dict[str, float]:
+        """Each kernel class's share of the device time."""
+        return {cls: us / self.device_us for cls, us in self.class_us.items()}
+
     def to_json(self) -> dict[str, Any]:
-        return {"device_ms": self.device_ms, "devices": self.devices, "kernels": self.kernels,
-                "classes": self.classes,
-                "optimizer": self.optimizer, "small_grids": self.small_grids, "attributed": self.attributed,
-                "ops": [op.to_json() for op in self.ops]}
+        total = self.device_us
+        ranked = sorted(self.op_stats.items(), key=lambda kv: -kv[1].us)[:MAX_OPS]
+        ops = []
+        for name, stat in ranked:
+            kernel = stat.top_kernel()
+            ops.append({"name": name, "kernels": stat.count, "time_ms": round(stat.us / 1e3, 3),
+                        "share": round(stat.us / total, 4), "kernel": kernel,
+                        "kernel_class": self.kernel_stats[kernel].cls})
+        return {"device_ms": round(total / 1e3, 3), "devices": self.devices, "kernels": self.kernels,
+                "classes": {cls: round(share, 4) for cls, share in self.classes.items()},
+                "optimizer": round(self.optimizer_us / total, 4),
+                "small_grids": None if self.small_grids is None else round(self.small_grids, 4),
+                "attributed": round(self.attributed_us / total, 4), "ops": ops}
 
 
 def device_profile(trace: Trace, window: tuple[float, float]) -> DeviceProfile | None:
@@ -181,20 +177,13 @@ class _Profiler:
             class_us[stat.cls] += stat.us
         kernel_us = sum(us for cls, us in class_us.items() if cls not in ("memcpy", "memset"))
         small_us = sum(stat.small_us for stat in kernels.values())
-        ranked = sorted(ops.items(), key=lambda kv: -kv[1].us)[:MAX_OPS]
-        top = [(name, entry, entry.top_kernel()) for name, entry in ranked]
         devices = len({_gpu_of(trace.tracks[track]) for track in gpus})
         return DeviceProfile(
-            device_us=total, class_us=class_us, devices=max(devices, 1),
-            device_ms=round(total / 1e3, 3), kernels=count,
-            classes={cls: round(us / total, 4) for cls, us in class_us.items()},
-            optimizer=round(sum(stat.optimizer_us for stat in kernels.values()) / total, 4),
+            device_us=total, class_us=class_us, attributed_us=attributed_us, devices=max(devices, 1),
+            kernels=count,
             # Known for most of the kernels' time, or not at all: a trace without grid sizes says nothing.
-            small_grids=(round(small_us / filled_us, 4) if kernel_us and filled_us >= 0.5 * kernel_us
-                         else None),
-            ops=tuple(OpTime(name, entry.count, round(entry.us / 1e3, 3), round(entry.us / total, 4), kernel,
-                             kernels[kernel].cls) for name, entry, kernel in top),
-            attributed=round(attributed_us / total, 4), op_stats=ops, kernel_stats=kernels)
+            small_grids=small_us / filled_us if kernel_us and filled_us >= 0.5 * kernel_us else None,
+            op_stats=ops, kernel_stats=kernels)
 
     def _optimizer_spans(self) -> IntervalSet:
         ops, names = self.trace.spans[Kind.HOST_OP], self.trace.names

@@ -34,6 +34,11 @@ class Bounds:
     high: float
     low: float | None = None
 
+    @property
+    def reported_from(self) -> float:
+        """The share from which a finding is made at all: its checklist threshold."""
+        return self.low if self.low is not None else self.moderate
+
     def severity(self, share: float) -> Severity | None:
         if share >= self.high:
             return "high"

@@ -213,8 +213,6 @@ class KinetoEvents:
             major, minor = integer(first.get("computeMajor")), integer(first.get("computeMinor"))
             if major > 0:
                 self.trace.compute_capability = (major, max(minor, 0))
-            if integer(first.get("numSms")) > 0:
-                self.trace.sm_count = integer(first.get("numSms"))
         elif key == "baseTimeNanoseconds" and integer(value) > 0:
             self.trace.base_ns = integer(value)
 

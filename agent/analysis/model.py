@@ -121,12 +121,10 @@ class Trace:
     # ``Optimizer.step#...``, ``record_function`` blocks), not operators: by name id.
     annotations: set[int] = field(default_factory=set)
     compute_capability: tuple[int, int] | None = None  # of the traced GPU, when the trace says
-    sm_count: int | None = None  # its streaming multiprocessors, when the trace says
     # Nanoseconds since the Unix epoch of the trace's time 0 (after ``finish``), when the trace gives
     # its clock: traces of processes on one node are then placed on one time line.
     epoch_ns: int | None = None
     base_ns: int = 0  # what the reader adds to an event's time to get the epoch (set before finish)
-    origin_us: float = 0.0  # the event time that ``finish`` moved to 0
     _name_ids: dict[str, int] = field(default_factory=dict, repr=False)
     _track_ids: dict[str, int] = field(default_factory=dict, repr=False)
 
@@ -167,7 +165,6 @@ class Trace:
         if origin:
             for spans in self.spans.values():
                 spans.shift(-origin)
-        self.origin_us = origin
         epoch_ns = self.base_ns + round(origin * 1000)
         # A clock that is not the epoch's (a profile's own, counted from its start) says nothing of
         # where the trace lies beside another process's.

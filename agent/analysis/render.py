@@ -11,7 +11,7 @@ import textwrap
 from typing import Any
 
 from gpuscope.analysis.diagnose import Diagnosis, Finding
-from gpuscope.analysis.findings import HEALTHY, Check, rank, verdict_of
+from gpuscope.analysis.findings import HEALTHY, Check, verdict_of
 
 WIDTH = 100
 MAX_OPS_SHOWN = 5
@@ -98,5 +98,4 @@ def _clip(text: str, width: int) -> str:
 def top_finding(diagnoses: list[Diagnosis]) -> str:
     """The verdict of several traces (a capture of several processes): the most severe finding's kind
     that holds a step back, or ``healthy``."""
-    findings = sorted((f for d in diagnoses for f in d.findings), key=rank)
-    return verdict_of(findings)
+    return verdict_of([f for d in diagnoses for f in d.findings])

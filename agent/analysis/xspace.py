@@ -222,7 +222,7 @@ class XSpaceReader:
         return (line.timestamp_ns - self.base_ns) / 1e3
 
     def read_device_properties(self, plane: xplane_pb2.XPlane) -> None:
-        """The GPU's compute capability and SM count, from its plane's statistics (the first GPU's)."""
+        """The GPU's compute capability, from its plane's statistics (the first GPU's)."""
         if self.trace.compute_capability is not None:
             return
         values = {name: stat_number(stat) for stat in plane.stats
@@ -231,9 +231,6 @@ class XSpaceReader:
         major, minor = values.get("compute_cap_major"), values.get("compute_cap_minor")
         if major:
             self.trace.compute_capability = (major, minor or 0)
-        cores = values.get("core_count")
-        if cores:
-            self.trace.sm_count = cores
 
     def read_framework(self, plane: xplane_pb2.XPlane) -> None:
         for stat in plane.stats:

@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from gpuscope.analysis.sharing import DeviceTimeline
 
 EXIT_OK, EXIT_FAILURE = 0, 1
-CAPTURE_RECORD = "capture.json"
-MAX_RECORD_BYTES = 1 << 20
 
 
 def add_explain_command(subparsers: Any) -> None:
@@ -76,13 +74,14 @@ def explain_path(path: Path, *, as_json: bool, shown_as: str | None = None) -> i
 def _capture_of_one_gpu(path: Path) -> bool:
     """Whether ``path`` is a capture of one GPU (its capture.json names the GPU): its traces are of
     processes that share that GPU, and are compared with each other."""
+    from gpuscope.capture.records import MAX_RECORD_BYTES, RECORD_FILE
     from gpuscope.common.json_input import JsonInputError, load_json
     from gpuscope.common.unixfs import read_bounded
 
     if not path.is_dir():
         return False
     try:
-        record = load_json(read_bounded(path / CAPTURE_RECORD, MAX_RECORD_BYTES), max_bytes=MAX_RECORD_BYTES)
+        record = load_json(read_bounded(path / RECORD_FILE, MAX_RECORD_BYTES), max_bytes=MAX_RECORD_BYTES)
     except (OSError, JsonInputError, ValueError):
         return False
     return isinstance(record, dict) and isinstance(record.get("gpu"), int)

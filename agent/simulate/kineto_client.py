@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,6 +97,7 @@ class KinetoClient:
         self._sock: socket.socket | None = None  # bound once the daemon's socket directory exists
         self._connected = False
         self._found = False
+        self.answered = False  # the daemon has answered a poll (it knows this process from then on)
         self._stop = threading.Event()
         # Binding makes the socket file; close() removes it. Both under this lock, so that no bind
         # can come after close() (whose join may give up on a thread slowed by a busy machine).
@@ -135,6 +137,20 @@ class KinetoClient:
         if request is None:
             request = self._receive(sock, REPLY_WAIT_S)
         return request
+
+    def wait_for_request(self, period_s: float, on_answered: Callable[[], None]) -> TraceRequest:
+        """Poll in this thread every ``period_s`` until the daemon hands over a trace config, as a
+        scripted job does; ``on_answered`` is called once, after the daemon's first answer (from then
+        on the daemon knows this process)."""
+        announced = False
+        while True:
+            request = self.poll()
+            if self.answered and not announced:
+                on_answered()
+                announced = True
+            if request is not None:
+                return request
+            time.sleep(period_s)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -194,6 +210,7 @@ class KinetoClient:
         except OSError as err:
             log.debug("Kineto daemon %s: %s", self.daemon, err)
             return None
+        self.answered = True
         try:
             kind, body = split_message(data, 0)
             if kind != TYPE_REQUEST or not body:

@@ -23,21 +23,11 @@ daemon's first answer, and exits when its standard input closes.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import threading
 import time
-import uuid
-from pathlib import Path
 
-from gpuscope.capture.kineto.protocol import (
-    TYPE_REQUEST,
-    client_address,
-    encode_request,
-    parse_config,
-    socket_address,
-    split_message,
-)
+from gpuscope.simulate.kineto_client import KinetoClient, TraceRequest
 
 POLL_S = 0.2
 EVENT = ('{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": %d, "tid": %d, "ts": %d, "dur": 1, '
@@ -57,38 +47,22 @@ def events(pid: int, size: int) -> bytes:
     return block * max(1, -(-size // len(block)))
 
 
-def poll(daemon: str) -> dict[str, str]:
+def poll(daemon: str) -> TraceRequest:
     """Poll until the daemon hands over a trace config; print ``ready`` after its first answer."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(client_address(daemon, str(uuid.uuid4())))
-    sock.connect(socket_address(daemon))
-    sock.settimeout(1.0)
-    ready = False
-    while True:
-        sock.send(encode_request((os.getpid(), os.getppid())))
-        try:
-            kind, body = split_message(sock.recv(65536), 0)
-        except TimeoutError:
-            continue
-        if not ready:
-            print("ready", flush=True)
-            ready = True
-        if kind == TYPE_REQUEST and body:
-            return parse_config(body)
-        time.sleep(POLL_S)
+    client = KinetoClient(daemon, on_trace=lambda _: None, busy=lambda: False)
+    return client.wait_for_request(POLL_S, lambda: print("ready", flush=True))
 
 
 def main() -> None:
     daemon, behaviour, *options = sys.argv[1:]
     number = {options[i]: float(options[i + 1]) for i in range(0, len(options), 2)}
     threading.Thread(target=exit_when_stdin_closes, daemon=True).start()
-    config = poll(daemon)
+    request = poll(daemon)
     if behaviour == "exit":
         os._exit(0)
-    log_file = Path(config["ACTIVITIES_LOG_FILE"])
-    final = log_file.with_name(f"trace_{os.getpid()}.json")
+    final = request.trace_path(os.getpid())
     temporary = final.with_name(final.name + ".tmp")
-    time.sleep(int(config["ACTIVITIES_DURATION_MSECS"]) / 1000)  # "recording"
+    time.sleep(request.duration_s)  # "recording"
     body = events(os.getpid(), int(number.get("--bytes", 1 << 20)))
     if behaviour == "no-file":
         threading.Event().wait()
