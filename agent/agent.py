@@ -33,7 +33,7 @@ from gpuscope.exporters.prometheus import SnapshotCollector
 from gpuscope.exporters.web import WebCollector
 from gpuscope.health import SourceHealth
 from gpuscope.listeners import SocketListeners
-from gpuscope.sampling import NodeSampling
+from gpuscope.sampling.node import NodeSampling
 from gpuscope.systemd_notify import SystemdNotifier
 from gpuscope.web.server import AgentHttpServer
 from gpuscope.web.utilization_history import UtilizationHistory

@@ -92,6 +92,17 @@ class NvmlConfig(Section):
         "samples since the last read (some 14 s of them), so none is lost; between reads the utilization "
         "gauge is the driver's current rate, and busy seconds and idle dips count at the next read. "
         "A read costs some 1.7 ms of CPU on an H200."))
+    health_interval: Duration = Field(10.0, ge=0.0, le=300.0, description=(
+        "Time between reads of each GPU's slow-changing health readings (0: every sample): row remapping, "
+        "corrected ECC errors, PCIe replays and errors, memory temperature, NVLink link states and errors, "
+        "and the list of MIG devices. Between reads the last values are exported."))
+    throttle_interval: Duration = Field(30.0, ge=0.0, le=300.0, description=(
+        "Time between reads of each GPU's throttle (violation) counters (0: every sample). They add up the "
+        "time each reason held the clocks down, so none is lost between reads; a read costs 0.6-1 ms of "
+        "CPU per reason on an H100, six reasons per GPU."))
+    nvlink_per_link: bool = Field(False, description=(
+        "Also export the NVLink data and error counters of each link (gpu_nvlink_link_*), besides their "
+        "sums over the links: 18 links per GPU on an HGX H100, so 18 times the series."))
 
 
 class WatchdogConfig(Section):

@@ -63,6 +63,9 @@ class ProcessReading:
     # The part of the GPU's energy attributed to the process since it was first seen, joules
     # (energy_split.py: an estimate); None without per-process samples or an energy counter.
     energy_joules_total: float | None = None
+    # The MIG instance the process runs in (GPU and compute instance ids); None off MIG.
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -72,6 +75,32 @@ class PodContainer:
     namespace: str
     pod: str
     container: str
+
+
+@dataclass(frozen=True, slots=True)
+class MigReading:
+    """One MIG device (a compute instance of a GPU instance) of a GPU in MIG mode, in one tick."""
+
+    index: int  # NVML's MIG device index on the parent
+    gpu_instance: int
+    compute_instance: int
+    uuid: str  # "MIG-…"
+    profile: str  # "1g.10gb"
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    # GPM per GPU instance (Hopper and newer), ratios 0-1; the compute instances of one GPU instance
+    # share them. None elsewhere and on the first tick.
+    sm_active_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    # Seconds the GPU instance had a context active since the agent started: GPM's graphics activity
+    # times the interval it covers, in place of the utilization samples NVML does not keep per instance.
+    busy_seconds_total: float | None = None
+    # The pod containers the kubelet allocated this MIG device to (by its MIG UUID).
+    pods: tuple[PodContainer, ...] = ()
+
+
+HEALTH_STATES = ("ok", "reset_required", "replace", "lost")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +142,29 @@ class GpuReading:
     sm_active_seconds_total: float | None = None
     tensor_active_seconds_total: float | None = None
     idle_dips_total: int | None = None
+    fp16_active_ratio: float | None = None
+    fp32_active_ratio: float | None = None
+    fp64_active_ratio: float | None = None
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+    # Hardware health (read every nvml.health_interval; throttle time every nvml.throttle_interval).
+    clock_throttle_seconds_total: Mapping[str, float] | None = None  # reason -> seconds since driver load
+    remapped_rows_correctable_total: int | None = None
+    remapped_rows_uncorrectable_total: int | None = None
+    row_remap_pending: bool | None = None  # a remapped row takes effect at the next GPU reset
+    row_remap_failed: bool | None = None  # a row could not be remapped: the GPU needs replacing
+    ecc_corrected_errors_total: int | None = None
+    pcie_replays_total: int | None = None
+    pcie_errors_total: Mapping[str, int] | None = None  # error type -> count
+    memory_temperature_celsius: float | None = None
+    # NVLink (None on a GPU without it): sums over the links, and per link with nvml.nvlink_per_link.
+    nvlink_active_links: int | None = None
+    nvlink_transmit_bytes_total: float | None = None
+    nvlink_receive_bytes_total: float | None = None
+    nvlink_errors_total: Mapping[str, int] | None = None  # error type -> count
+    nvlink_link_bytes: Mapping[int, Mapping[str, float]] | None = None  # link -> transmit/receive_bytes
+    nvlink_link_errors_total: Mapping[int, Mapping[str, int]] | None = None  # link -> type -> count
+    mig_devices: tuple[MigReading, ...] = ()  # MIG mode only
     processes: tuple[ProcessReading, ...] = ()
     # The pod containers the kubelet allocated this GPU to, sorted: none outside Kubernetes, several
     # where the GPU is time-sliced between pods.
@@ -121,6 +173,18 @@ class GpuReading:
     @property
     def compute_processes(self) -> tuple[ProcessReading, ...]:
         return tuple(p for p in self.processes if p.kind == "compute")
+
+    @property
+    def health(self) -> str:
+        """One of HEALTH_STATES: what an operator does with the GPU. ``replace``: a row remap failed;
+        ``reset_required``: a remap waits for the GPU's reset; ``lost``: the GPU cannot be read."""
+        if not self.up:
+            return "lost"
+        if self.row_remap_failed:
+            return "replace"
+        if self.row_remap_pending:
+            return "reset_required"
+        return "ok"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +205,11 @@ class Snapshot:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (frozensets become sorted lists, Xid keys become strings)."""
         data = asdict(self)
-        for gpu in data["gpus"]:
+        for gpu, reading in zip(data["gpus"], self.gpus, strict=True):
+            gpu["health"] = reading.health
+            for name in ("nvlink_link_bytes", "nvlink_link_errors_total"):
+                if gpu[name] is not None:
+                    gpu[name] = {str(link): dict(v) for link, v in gpu[name].items()}
             reasons = gpu["clock_event_reasons"]
             gpu["clock_event_reasons"] = None if reasons is None else sorted(reasons)
             gpu["xid_errors"] = {str(k): v for k, v in gpu["xid_errors"].items()}

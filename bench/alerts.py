@@ -29,7 +29,7 @@ from gpuscope.alerts.history import NodeHistory
 from gpuscope.alerts.rules import RulesConfig, build_rules
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml.boundary import Nvml
-from gpuscope.sampler import Sampler
+from gpuscope.sampling.sampler import Sampler
 from gpuscope.simulate import Simulation, load_scenario
 from gpuscope.snapshot import Snapshot
 

@@ -67,7 +67,7 @@ def measure(seconds: float, as_json: bool) -> int:
     from gpuscope.config import NvmlConfig
     from gpuscope.host.processes import ProcessInspector
     from gpuscope.nvml.boundary import Nvml
-    from gpuscope.sampler import Sampler
+    from gpuscope.sampling.sampler import Sampler
 
     nvml = Nvml()
     # As the agent runs it: the energy counter and the utilization samples read every

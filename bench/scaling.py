@@ -53,7 +53,7 @@ from gpuscope.config import Settings
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.exposition import render_openmetrics, render_text
 from gpuscope.exporters.prometheus import SnapshotCollector
-from gpuscope.sampler import Sampler
+from gpuscope.sampling.sampler import Sampler
 from gpuscope.web.utilization_history import UtilizationHistory
 
 INTERVAL = 1.0

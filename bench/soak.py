@@ -67,7 +67,7 @@ GOAL_MIB = 1.0  # growth over the second half that still counts as flat
 # signal handlers (run in the main thread, which only waits for SIGTERM).
 BOOTSTRAP = r"""
 import json, os, signal, sys, threading, time, tracemalloc
-from gpuscope.sampler import Sampler
+from gpuscope.sampling.sampler import Sampler
 from gpuscope.cli.main import main
 
 out = sys.argv[1]

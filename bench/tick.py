@@ -51,7 +51,7 @@ import gpuscope
 import gpuscope.simulate
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml.boundary import Nvml
-from gpuscope.sampler import Sampler
+from gpuscope.sampling.sampler import Sampler
 from gpuscope.simulate import Simulation, load_scenario
 
 _SIMULATE = str(Path(gpuscope.simulate.__path__[0]).resolve())

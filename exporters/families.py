@@ -132,3 +132,9 @@ class Registry:
     def collect(self) -> Iterator[Metric]:
         for collector in list(self._collectors):
             yield from collector.collect()
+
+
+def new_family(counter: bool, name: str, help_text: str, labels: Sequence[str],
+           unit: str = "") -> GaugeMetricFamily | CounterMetricFamily:
+    """An empty counter or gauge family, chosen by ``counter`` (catalogue rows say which)."""
+    return (CounterMetricFamily if counter else GaugeMetricFamily)(name, help_text, labels=labels, unit=unit)

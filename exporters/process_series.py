@@ -1,6 +1,7 @@
 """The per-process series (gpu_process_*) under a label allow-list and a per-GPU cap.
 
-Every series carries ``gpu`` and ``uuid``; the other labels are the ones ``processes.labels`` lists.
+Every series carries ``gpu``, ``uuid`` and ``gpu_instance`` (the MIG GPU instance the process runs in,
+empty off MIG); the other labels are the ones ``processes.labels`` lists.
 Without ``pid`` among them, the processes of one GPU that share every exported label make one series:
 gauges are summed, ``gpu_process_info`` counts the processes, and the counters are summed and keep the
 last total of a member that has exited for as long as the series lives, so the sum never falls (a
@@ -65,7 +66,7 @@ class ProcessSeries:
         self._include_cmdline = include_cmdline
         self._max_per_gpu = max_per_gpu
         cmdline = ("cmdline",) if include_cmdline else ()
-        self.labelnames: tuple[str, ...] = ("gpu", "uuid", *self._labels, *cmdline)
+        self.labelnames: tuple[str, ...] = ("gpu", "uuid", "gpu_instance", *self._labels, *cmdline)
         # With pid among the labels a series has one process, and its series goes when it does: nothing
         # to carry. Without, processes share series and the counters' sums are kept from falling.
         self._summing = "pid" not in self._labels
@@ -86,13 +87,18 @@ class ProcessSeries:
             if not gpu.up:
                 continue
             pod = _process_pod_labels(gpu.pods)
+            # On MIG, a process's pod is its instance's: the kubelet allocates MIG devices, not the GPU.
+            instance_pods = {(m.gpu_instance, m.compute_instance): _process_pod_labels(m.pods)
+                             for m in gpu.mig_devices}
             kept = self._kept(gpu.processes)
             if kept is not None:
                 dropped.update((gpu.uuid, p.pid) for p in gpu.processes if p.pid not in kept)
             for process in gpu.processes:
                 if kept is not None and process.pid not in kept:
                     continue
-                labels = self._label_values(str(gpu.index), gpu.uuid, process, pod)
+                process_pod = pod if process.gpu_instance is None else instance_pods.get(
+                    (process.gpu_instance, process.compute_instance or 0), _NO_POD)
+                labels = self._label_values(str(gpu.index), gpu.uuid, process, process_pod)
                 info.setdefault((*labels, process.kind), set()).add(process.pid)
                 for name, attribute, *_ in _VALUED:
                     value = getattr(process, attribute)
@@ -162,7 +168,8 @@ class ProcessSeries:
             "container_id": (process.container_id or "") if visible else "",
             "pod": pod[0], "namespace": pod[1], "container": pod[2],
         }
-        values = (gpu_label, uuid, *(available[name] for name in self._labels))
+        instance = "" if process.gpu_instance is None else str(process.gpu_instance)
+        values = (gpu_label, uuid, instance, *(available[name] for name in self._labels))
         if self._include_cmdline:
             cmdline = process.cmdline if visible else None
             values = (*values, " ".join(cmdline)[:CMDLINE_MAX_CHARS] if cmdline else "")

@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 from gpuscope.common.process_labels import DEFAULT_MAX_PER_GPU, PROCESS_LABEL_CHOICES
 from gpuscope.exporters.families import Collector, CounterMetricFamily, GaugeMetricFamily, Metric, Sample
+from gpuscope.exporters.hardware import hardware_families
+from gpuscope.exporters.mig import mig_families
 from gpuscope.exporters.process_series import ProcessSeries
 from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
 from gpuscope.snapshot import PodContainer, ProcessReading, SlurmJob, Snapshot, SnapshotSource
@@ -266,6 +268,7 @@ def _gpu_families(snapshot: Snapshot) -> list[Metric]:
         *(family for _, family in early), clock_events,
         *(family for _, family in pcie), xid,
         *(family for _, family in late), processes, pod_info, slurm_info,
+        *hardware_families(snapshot.gpus), *mig_families(snapshot.gpus),
     ]
 
 

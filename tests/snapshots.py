@@ -13,7 +13,16 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, SlurmJob, Snapshot, UtilizationSample
+from gpuscope.nvml.health import NVLINK_ERRORS, PCIE_ERROR_FIELDS
+from gpuscope.snapshot import (
+    GpuReading,
+    MigReading,
+    PodContainer,
+    ProcessReading,
+    SlurmJob,
+    Snapshot,
+    UtilizationSample,
+)
 
 GIB = 1024**3
 MIB = 1024**2
@@ -69,6 +78,10 @@ def utilization_samples(mean: float, count: int = 6, start_us: int = 1_717_171_7
     return tuple(UtilizationSample(start_us + i * 166_667, mean) for i in range(count))
 
 
+PCIE_ERROR_TYPES = tuple(PCIE_ERROR_FIELDS)
+NVLINK_ERROR_TYPES = tuple(NVLINK_ERRORS)
+
+
 def make_gpu(index: int = 0, **overrides: Any) -> GpuReading:
     """A busy, healthy H100 with every reading present and two compute processes.
 
@@ -108,6 +121,25 @@ def make_gpu(index: int = 0, **overrides: Any) -> GpuReading:
         "sm_active_seconds_total": 4_310.75 + index,
         "tensor_active_seconds_total": 2_341.125 + index,
         "idle_dips_total": 3 + index,
+        "fp16_active_ratio": 0.02,
+        "fp32_active_ratio": 0.11,
+        "fp64_active_ratio": 0.0,
+        "encoder_utilization_ratio": 0.0,
+        "decoder_utilization_ratio": 0.0,
+        "clock_throttle_seconds_total": {"power": 12.5 + index, "thermal": 0.0, "sync_boost": 0.0,
+                                         "board_limit": 0.0, "low_utilization": 310.25, "reliability": 0.0},
+        "remapped_rows_correctable_total": 0,
+        "remapped_rows_uncorrectable_total": 0,
+        "row_remap_pending": False,
+        "row_remap_failed": False,
+        "ecc_corrected_errors_total": 0,
+        "pcie_replays_total": 0,
+        "pcie_errors_total": dict.fromkeys(PCIE_ERROR_TYPES, 0),
+        "memory_temperature_celsius": 47.0 + index,
+        "nvlink_active_links": 18,
+        "nvlink_transmit_bytes_total": 4.5e13 + index,
+        "nvlink_receive_bytes_total": 4.25e13 + index,
+        "nvlink_errors_total": dict.fromkeys(NVLINK_ERROR_TYPES, 0),
         "processes": make_processes(index, 2),
     }
     fields.update(overrides)
@@ -158,8 +190,45 @@ def make_full_snapshot() -> Snapshot:
         pods=(PodContainer(namespace="research", pod="llm-pretrain-0", container="trainer"),),
     )
     gpu1 = make_gpu(1, clock_event_reasons=frozenset({"gpu_idle"}), utilization_ratio=0.0,
-                    utilization_samples=utilization_samples(0.0), processes=())
-    return make_snapshot(gpus=(gpu0, gpu1), sample_errors={"gpm": 3, "process_utilization": 1})
+                    utilization_samples=utilization_samples(0.0), processes=(), row_remap_pending=True,
+                    remapped_rows_uncorrectable_total=1,
+                    nvlink_link_bytes={0: {"transmit_bytes": 2.5e12, "receive_bytes": 2.25e12},
+                                       1: {"transmit_bytes": 2.5e12, "receive_bytes": 2.0e12}},
+                    nvlink_link_errors_total={0: dict.fromkeys(NVLINK_ERROR_TYPES, 0),
+                                              1: {**dict.fromkeys(NVLINK_ERROR_TYPES, 0), "replay": 7}})
+    return make_snapshot(gpus=(gpu0, gpu1, make_mig_gpu(2)),
+                         sample_errors={"gpm": 3, "process_utilization": 1})
+
+
+def make_mig_gpu(index: int, **overrides: Any) -> GpuReading:
+    """A GPU in MIG mode with two 3g.40gb instances, a process and a pod on the first: what NVML gives
+    per instance, and nothing of what it does not (utilization samples, process utilization)."""
+    fields: dict[str, Any] = dict(
+        mig_enabled=True, utilization_ratio=None, utilization_samples=(), busy_seconds_total=None,
+        memory_utilization_ratio=None, sm_active_ratio=None, sm_occupancy_ratio=None,
+        tensor_active_ratio=None, dram_active_ratio=None, sm_active_seconds_total=None,
+        tensor_active_seconds_total=None,
+        fp16_active_ratio=None, fp32_active_ratio=None, fp64_active_ratio=None, idle_dips_total=None,
+        mig_devices=(
+            MigReading(index=0, gpu_instance=1, compute_instance=0, uuid=mig_uuid(index, 0),
+                       profile="3g.40gb", memory_used_bytes=21 * GIB, memory_total_bytes=40 * GIB - 512 * MIB,
+                       sm_active_ratio=0.62, tensor_active_ratio=0.31, dram_active_ratio=0.27,
+                       busy_seconds_total=812.5,
+                       pods=(PodContainer(namespace="research", pod="finetune-7", container="trainer"),)),
+            MigReading(index=1, gpu_instance=2, compute_instance=0, uuid=mig_uuid(index, 1),
+                       profile="3g.40gb", memory_used_bytes=0, memory_total_bytes=40 * GIB - 512 * MIB,
+                       sm_active_ratio=0.0,
+                       tensor_active_ratio=0.0, dram_active_ratio=0.0, busy_seconds_total=0.0),
+        ),
+        processes=(make_process(9100 + index, sm_utilization_ratio=None, busy_seconds_total=None,
+                                energy_joules_total=None, gpu_instance=1, compute_instance=0),),
+    )
+    fields.update(overrides)
+    return make_gpu(index, **fields)
+
+
+def mig_uuid(index: int, instance: int) -> str:
+    return f"MIG-{index:08x}-{instance:04x}-4e6f-8d2a-5c3b1a9e0f7{instance}"
 
 
 def with_gpus(snapshot: Snapshot, gpus: Sequence[GpuReading]) -> Snapshot:

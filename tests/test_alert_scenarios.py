@@ -30,7 +30,7 @@ from gpuscope.alerts.rules import RulesConfig, build_rules
 from gpuscope.host.pods import PodAttribution
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml.boundary import Nvml
-from gpuscope.sampler import Sampler
+from gpuscope.sampling.sampler import Sampler
 from gpuscope.simulate import Simulation, bundled_scenarios, load_scenario
 
 DEFAULTS = RulesConfig()

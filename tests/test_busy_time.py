@@ -24,7 +24,9 @@ import pytest
 from agent_process import http_get, run_agent
 from test_e2e_prometheus import run_prometheus
 
-from gpuscope.busy_time import (
+from gpuscope.host.processes import ProcessInspector
+from gpuscope.nvml.boundary import Nvml
+from gpuscope.sampling.busy_time import (
     DEFAULT_SAMPLE_PERIOD_US,
     GpmActiveTime,
     GpuBusyTime,
@@ -32,10 +34,8 @@ from gpuscope.busy_time import (
     SampleIntegrator,
     SamplePeriod,
 )
-from gpuscope.energy_split import EnergySplit
-from gpuscope.host.processes import ProcessInspector
-from gpuscope.nvml.boundary import Nvml
-from gpuscope.sampler import Sampler
+from gpuscope.sampling.energy_split import EnergySplit
+from gpuscope.sampling.sampler import Sampler
 from gpuscope.simulate import Simulation
 from gpuscope.simulate.loader import parse_scenario
 from gpuscope.snapshot import GpuReading, Snapshot

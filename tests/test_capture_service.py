@@ -25,7 +25,7 @@ from gpuscope.capture.tsl import TslProfilerBackend
 from gpuscope.generated.tsl import xplane_pb2
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml.boundary import Nvml
-from gpuscope.sampler import Sampler
+from gpuscope.sampling.sampler import Sampler
 from gpuscope.simulate import Simulation
 from gpuscope.simulate.loader import parse_scenario
 

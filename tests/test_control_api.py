@@ -46,7 +46,7 @@ from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
 from gpuscope.generated.tsl import xplane_pb2
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml.boundary import Nvml
-from gpuscope.sampler import Sampler
+from gpuscope.sampling.sampler import Sampler
 from gpuscope.simulate import Simulation
 from gpuscope.simulate.loader import parse_scenario
 from gpuscope.snapshot import GpuReading, Snapshot

@@ -1,5 +1,5 @@
-from gpuscope.counters import RateIntegrator, ResetSafeCounter
-from gpuscope.idle_dips import IdleDipCounter
+from gpuscope.sampling.counters import RateIntegrator, ResetSafeCounter
+from gpuscope.sampling.idle_dips import IdleDipCounter
 
 
 def test_reset_safe_counter_starts_at_driver_total_and_survives_a_reset() -> None:

@@ -132,7 +132,7 @@ def test_catalogue_is_well_formed() -> None:
     for row in rows:
         assert row.type in ("gauge", "counter"), row
         assert row.name.endswith("_total") == (row.type == "counter"), row
-        assert re.fullmatch(r"(gpu|gpuscope)_[a-z_]+", row.name), row
+        assert re.fullmatch(r"(gpu|gpuscope)_[a-z][a-z0-9_]*", row.name), row
         assert row.help.endswith("."), f"HELP of {row.name} is not a sentence"
         if row.unit:
             assert f"_{row.unit}" in row.name, f"{row.name}: unit {row.unit} not in the name"
@@ -243,6 +243,19 @@ READINGS = [
     ("tensor_active_seconds_total", "gpu_tensor_active_seconds_total"),
     ("dram_active_ratio", "gpu_dram_active_ratio"),
     ("idle_dips_total", "gpu_idle_dips_total"),
+    ("fp16_active_ratio", "gpu_fp16_active_ratio"),
+    ("fp32_active_ratio", "gpu_fp32_active_ratio"),
+    ("fp64_active_ratio", "gpu_fp64_active_ratio"),
+    ("encoder_utilization_ratio", "gpu_encoder_utilization_ratio"),
+    ("decoder_utilization_ratio", "gpu_decoder_utilization_ratio"),
+    ("memory_temperature_celsius", "gpu_memory_temperature_celsius"),
+    ("ecc_corrected_errors_total", "gpu_ecc_corrected_errors_total"),
+    ("row_remap_pending", "gpu_row_remap_pending"),
+    ("row_remap_failed", "gpu_row_remap_failed"),
+    ("pcie_replays_total", "gpu_pcie_replays_total"),
+    ("nvlink_active_links", "gpu_nvlink_active_links"),
+    ("nvlink_transmit_bytes_total", "gpu_nvlink_transmit_bytes_total"),
+    ("nvlink_receive_bytes_total", "gpu_nvlink_receive_bytes_total"),
 ]
 
 
@@ -278,6 +291,7 @@ def test_down_gpu_exports_only_info_up_and_xid_counters() -> None:
         "gpu_info": [1.0],
         "gpu_up": [0.0],
         "gpu_xid_errors_total": [1.0, 2.0],
+        "gpu_health": [0.0, 0.0, 0.0, 1.0],  # state="lost"
     }
     assert samples(make_snapshot(gpus=[down]), "gpu_xid_errors_total") == {
         (("gpu", "1"), ("uuid", gpu_uuid(1)), ("xid", "48")): 2.0,
@@ -347,8 +361,9 @@ def test_process_series_labels_and_values() -> None:
     process = make_process(4242, memory_used_bytes=20 * 1024 * MIB, sm_utilization_ratio=0.75,
                            busy_seconds_total=12.5, energy_joules_total=3456.25)
     snapshot = make_snapshot(gpus=[make_gpu(5, processes=(process,))])
-    labels = (("container", ""), ("container_id", process.container_id), ("gpu", "5"), ("namespace", ""),
-              ("pid", "4242"), ("pod", ""), ("process", "python3"), ("user", "alice"), ("uuid", gpu_uuid(5)))
+    labels = (("container", ""), ("container_id", process.container_id), ("gpu", "5"), ("gpu_instance", ""),
+              ("namespace", ""), ("pid", "4242"), ("pod", ""), ("process", "python3"), ("user", "alice"),
+              ("uuid", gpu_uuid(5)))
     assert samples(snapshot, "gpu_process_memory_used_bytes") == {labels: 20 * 1024 * MIB}
     assert samples(snapshot, "gpu_process_sm_utilization_ratio") == {labels: 0.75}
     assert samples(snapshot, "gpu_process_busy_seconds_total") == {labels: 12.5}
@@ -389,8 +404,9 @@ def test_process_without_host_details_has_empty_labels() -> None:
     process = make_process(5150, host_visible=False, name=None, user=None, container_id=None, cmdline=None)
     snapshot = make_snapshot(gpus=[make_gpu(0, processes=(process,))])
     (labels,) = samples(snapshot, "gpu_process_info", include_cmdline=True)
-    assert dict(labels) == {"gpu": "0", "uuid": gpu_uuid(0), "pid": "5150", "process": "", "user": "",
-                            "container_id": "", "pod": "", "namespace": "", "container": "", "cmdline": "",
+    assert dict(labels) == {"gpu": "0", "uuid": gpu_uuid(0), "gpu_instance": "", "pid": "5150", "process": "",
+                            "user": "", "container_id": "", "pod": "", "namespace": "", "container": "",
+                            "cmdline": "",
                             "type": "compute"}
 
 
@@ -515,7 +531,11 @@ def test_every_gpu_reading_field_is_covered() -> None:
     """A reading added to GpuReading must be exported (or listed here as deliberately not)."""
     not_plain_readings = {
         "index", "uuid", "name", "pci_bus_id", "up", "mig_enabled", "utilization_samples",
-        "clock_event_reasons", "xid_errors", "processes", "pods",
+        "clock_event_reasons", "xid_errors", "processes", "pods", "mig_devices",
+        # labelled families, tested in test_hardware_exposition.py
+        "clock_throttle_seconds_total", "remapped_rows_correctable_total",
+        "remapped_rows_uncorrectable_total", "pcie_errors_total", "nvlink_errors_total",
+        "nvlink_link_bytes", "nvlink_link_errors_total",
     }
     assert {f.name for f in fields(GpuReading)} - not_plain_readings == {attr for attr, _ in READINGS}
 

@@ -317,7 +317,7 @@ def test_gpm_busy_but_stalled(start: Start, clock: ManualClock) -> None:
     pynvml.nvmlGpmSampleGet(h, second)
     ids = [pynvml.NVML_GPM_METRIC_SM_UTIL, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
            pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
-           pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, pynvml.NVML_GPM_METRIC_FP64_UTIL]
+           pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC]
     got = gpm_metrics(h, first, second, ids)
     assert [r for r, _ in got] == [pynvml.NVML_SUCCESS] * 5 + [pynvml.NVML_ERROR_NOT_SUPPORTED]
     assert [round(v, 6) for _, v in got[:5]] == [18.0, 9.0, 4.5, 45.0, 3.0]
@@ -341,13 +341,84 @@ def test_mig_gpu(start: Start, clock: ManualClock) -> None:
     for call in (lambda: pynvml.nvmlDeviceGetSamples(h, SAMPLES, 0),
                  lambda: pynvml.nvmlDeviceGetUtilizationRates(h),
                  lambda: pynvml.nvmlDeviceGetProcessUtilization(h, 0),
-                 lambda: pynvml.nvmlGpmQueryDeviceSupport(h)):
+                 lambda: pynvml.nvmlGpmSampleGet(h, pynvml.nvmlGpmSampleAlloc())):
         with pytest.raises(pynvml.NVMLError_NotSupported):
             call()
+    assert pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice  # GPM per GPU instance: below
     assert pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used == 4 * 1024**3
     assert pynvml.nvmlDeviceGetPowerUsage(h) > 0
     (proc,) = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-    assert (proc.pid, proc.gpuInstanceId) == (7, 0)
+    assert (proc.pid, proc.gpuInstanceId, proc.computeInstanceId) == (7, 1, 0)
+
+
+def test_mig_devices_by_index_with_their_own_handles(start: Start, clock: ManualClock) -> None:
+    start("""gpus:
+  - mig: true
+    mig_devices: [{profile: 3g.40gb, utilization: 0.5}, {profile: 1g.10gb}]
+    processes: [{name: a, pid: 7, memory: 4GiB, mig_device: 1}, {name: b, pid: 8, memory: 1GiB}]
+  - {}""")
+    parent = handle(0)
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(parent) == 7
+    first, second = (pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, i) for i in (0, 1))
+    with pytest.raises(pynvml.NVMLError_NotFound):  # an empty slot
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 2)
+    assert [(pynvml.nvmlDeviceGetGpuInstanceId(m), pynvml.nvmlDeviceGetComputeInstanceId(m)) for m in
+            (first, second)] == [(1, 0), (2, 0)]
+    assert pynvml.nvmlDeviceGetName(second).endswith(" MIG 1g.10gb")
+    assert pynvml.nvmlDeviceGetUUID(second).startswith("MIG-")
+    assert pynvml.nvmlDeviceGetMemoryInfo(second).used == 4 * 1024**3
+    assert pynvml.nvmlDeviceGetMemoryInfo(first).used == 1024**3  # pid 8 names no MIG device: the first
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # nothing per instance but ids, name, memory
+        pynvml.nvmlDeviceGetUtilizationRates(first)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):  # a GPU's handle is no MIG device's
+        pynvml.nvmlDeviceGetGpuInstanceId(parent)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetMaxMigDeviceCount(handle(1))
+    samples = [pynvml.nvmlGpmSampleAlloc() for _ in range(2)]
+    pynvml.nvmlGpmMigSampleGet(parent, 1, samples[0])
+    clock.t = 2.0
+    pynvml.nvmlGpmMigSampleGet(parent, 1, samples[1])
+    got = gpm_metrics(parent, samples[0], samples[1], [pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
+                                                        pynvml.NVML_GPM_METRIC_SM_UTIL,
+                                                        pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC])
+    assert [r for r, _ in got] == [pynvml.NVML_SUCCESS, pynvml.NVML_SUCCESS, pynvml.NVML_ERROR_NOT_SUPPORTED]
+    assert got[0][1] == pytest.approx(50.0) and got[1][1] == pytest.approx(50.0 * 0.85)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlGpmMigSampleGet(parent, 3, samples[0])
+
+
+def test_health_counters_and_nvlink(start: Start, clock: ManualClock) -> None:
+    start("""gpus:
+  - utilization: 1.0
+    clock_event_reasons: [sw_thermal_slowdown]
+    health: {row_remap_pending: true, remapped_rows_uncorrectable: 2, pcie_replays: 9,
+             pcie_errors: {fatal: 1}}
+    nvlink: {links: 4, down: [3], errors: {replay: 6}, errors_link: 2, tx_bytes_per_s: 1GiB}
+  - {}""")
+    h, plain = handle(0), handle(1)
+    clock.t = 10.0
+    thermal = pynvml.nvmlDeviceGetViolationStatus(h, pynvml.NVML_PERF_POLICY_THERMAL)
+    assert thermal.violationTime == pytest.approx(10e9, rel=0.02)  # the reason held for the whole 10 s
+    assert pynvml.nvmlDeviceGetViolationStatus(h, pynvml.NVML_PERF_POLICY_POWER).violationTime == 0
+    assert pynvml.nvmlDeviceGetRemappedRows(h) == (0, 2, 1, 0)
+    assert pynvml.nvmlDeviceGetPcieReplayCounter(h) == 9
+    assert [pynvml.nvmlDeviceGetNvLinkState(h, link) for link in range(4)] == [1, 1, 1, 0]
+    assert pynvml.nvmlDeviceGetNvLinkErrorCounter(h, 2, pynvml.NVML_NVLINK_ERROR_DL_REPLAY) == 6
+    assert pynvml.nvmlDeviceGetNvLinkErrorCounter(h, 0, pynvml.NVML_NVLINK_ERROR_DL_REPLAY) == 0
+    tx = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+    values = pynvml.nvmlDeviceGetFieldValues(h, [(tx, 0xFFFFFFFF), (tx, 0), (tx, 3),
+                                                 pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+                                                 pynvml.NVML_FI_DEV_REMAPPED_PENDING,
+                                                 pynvml.NVML_FI_DEV_PCIE_COUNT_FATAL_ERROR])
+    total, link0, down_link = (v.value.ullVal for v in values[:3])
+    assert total == pytest.approx(10 * 1024**2, rel=0.02)  # KiB: 1 GiB/s for 10 s, over all links
+    assert link0 == pytest.approx(total / 3, rel=0.01)  # scope 0 (a bare field id): link 0 alone
+    assert down_link == 0
+    assert [v.value.ullVal for v in values[3:]] == [6, 1, 1]
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # no NVLink on the second GPU
+        pynvml.nvmlDeviceGetNvLinkState(plain, 0)
+    (links,) = pynvml.nvmlDeviceGetFieldValues(plain, [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT])
+    assert links.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
 
 
 def test_lost_window_then_recovery(start: Start, clock: ManualClock) -> None:

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import pytest
 
 from gpuscope.host.processes import ProcessInspector
-from gpuscope.nvml import boundary
+from gpuscope.nvml import boundary, decoding, gpm
 from gpuscope.nvml.boundary import Nvml
 from gpuscope.nvml.readings import DeviceReadings
-from gpuscope.read_guard import ReadGuard
-from gpuscope.sampler import PLAIN_READINGS, Sampler
+from gpuscope.sampling.read_guard import ReadGuard
+from gpuscope.sampling.sampler import PLAIN_READINGS, Sampler
 from gpuscope.simulate import Simulation, load_scenario
 from gpuscope.simulate.loader import parse_scenario
 from gpuscope.snapshot import GpuReading, Snapshot
@@ -266,10 +266,12 @@ def test_field_by_field_fallbacks_read_what_the_struct_fast_path_reads(
         return first + [nvml.read(device) for device in devices]
 
     fast = read_twice()
-    for name in ("_MEMORY_LAYOUT", "_UTILIZATION_LAYOUT", "_FIELD_VALUE_LAYOUT", "_PROCESS_SAMPLE_LAYOUT",
-                 "_SAMPLE_UINT_LAYOUT", "_GPM_RESULTS"):
-        monkeypatch.setattr(boundary, name, None)
-    monkeypatch.setattr(boundary, "_SAMPLE_LAYOUTS", {})
+    for module, name in ((boundary, "_MEMORY_LAYOUT"), (boundary, "_UTILIZATION_LAYOUT"),
+                         (boundary, "PCIE_FIELD_LAYOUT"), (decoding, "_FIELD_VALUE_LAYOUT"),
+                         (decoding, "_PROCESS_SAMPLE_LAYOUT"), (decoding, "_SAMPLE_UINT_LAYOUT")):
+        monkeypatch.setattr(module, name, None)
+    monkeypatch.setattr(decoding, "_SAMPLE_LAYOUTS", {})
+    monkeypatch.setattr(gpm, "_RESULTS", {})
     slow = read_twice()
     assert slow == fast
     second = fast[len(fast) // 2:]
@@ -283,7 +285,7 @@ def test_each_reading_reaches_the_snapshot_plainly_or_derived() -> None:
     the sampler derives the Snapshot's values from, so none may share a Snapshot field's name."""
     derived = {"new_utilization_samples", "utilization_samples_from_history", "rate_utilization_ratio",
                "energy_counter_joules", "clock_event_mask", "pcie", "nvml_processes", "new_process_samples",
-               "process_samples_from_history", "gpm_interval_seconds"}
+               "process_samples_from_history", "gpm_interval_seconds", "mig_readings"}
     readings = {f.name for f in dataclasses.fields(DeviceReadings)}
     assert set(PLAIN_READINGS) == readings - derived
     assert not derived & {f.name for f in dataclasses.fields(GpuReading)}

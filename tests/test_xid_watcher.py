@@ -17,7 +17,7 @@ from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml import xid
 from gpuscope.nvml.boundary import Nvml
 from gpuscope.nvml.xid import POLL_MAX_EVENTS, XidWatcher
-from gpuscope.sampler import Sampler
+from gpuscope.sampling.sampler import Sampler
 from gpuscope.simulate import Simulation
 from gpuscope.simulate.loader import parse_scenario
 from gpuscope.snapshot import Snapshot

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from gpuscope.cli.local_agent import find_local_agent, no_nvml_hints
 from gpuscope.config import Settings
-from gpuscope.sampling import NodeSampling
+from gpuscope.sampling.node import NodeSampling
 from gpuscope.snapshot import SlurmJob, Snapshot
 
 EXIT_OK, EXIT_FAILURE = 0, 1

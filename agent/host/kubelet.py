@@ -5,7 +5,7 @@ The kubelet serves ``v1.PodResourcesLister`` over gRPC on a Unix socket
 of its containers was given. NVIDIA's device plugin names GPUs by UUID (``GPU-…``), by
 ``<uuid>::<replica>`` when a GPU is time-sliced, or by index with ``DEVICE_ID_STRATEGY=index``.
 :func:`gpu_allocations` turns a response into a map keyed the way :meth:`GpuAllocations.pods_for`
-looks GPUs up. MIG instances (``MIG-…`` UUIDs) are not keyed: the agent reports whole GPUs only.
+looks GPUs up. A MIG device is named by its own UUID (``MIG-…``) and keyed by it, as a GPU by its UUID.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def gpu_allocations(response: podresources_pb2.ListPodResourcesResponse) -> GpuA
             for devices in container.devices:
                 for device_id in devices.device_ids:
                     key = device_id.split(_REPLICA_SEPARATOR, 1)[0]
-                    if key.startswith("GPU-"):
+                    if key.startswith(("GPU-", "MIG-")):
                         by_uuid.setdefault(key, set()).add(holder)
                     elif key.isdecimal() and devices.resource_name.startswith(_INDEXED_RESOURCE_PREFIX):
                         by_index.setdefault(int(key), set()).add(holder)

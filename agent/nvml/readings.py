@@ -9,6 +9,7 @@ collector and the metrics catalogue, and not the sampler.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -31,6 +32,9 @@ class RawProcess:
     pid: int
     kind: ProcessKind
     memory_used_bytes: int | None
+    # The MIG instance the process runs in (NVML's GPU and compute instance ids); None off MIG.
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,33 @@ class PcieReading:
     cumulative: bool
     tx: float  # bytes (cumulative) or bytes/s (rate)
     rx: float
+
+
+@dataclass(frozen=True, slots=True)
+class MigIdentity:
+    """A MIG device of a GPU in MIG mode: one compute instance of one GPU instance."""
+
+    index: int  # NVML's MIG device index on its parent
+    gpu_instance: int
+    compute_instance: int
+    uuid: str  # "MIG-…"
+    profile: str  # "1g.10gb": the name's part after "MIG "
+
+
+@dataclass(frozen=True, slots=True)
+class MigDeviceReadings:
+    """One tick's readings of one MIG device, in base units; None where NVML gives nothing."""
+
+    identity: MigIdentity
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    # GPM per GPU instance (Hopper and newer), ratios 0-1 over gpm_interval_seconds; None on the first
+    # tick and where GPM is not supported. Compute instances of one GPU instance share its figures.
+    gpm_interval_seconds: float | None = None
+    graphics_active_ratio: float | None = None
+    sm_active_ratio: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
 
 
 @dataclass(slots=True)
@@ -81,3 +112,32 @@ class DeviceReadings:
     sm_occupancy_ratio: float | None = None
     tensor_active_ratio: float | None = None
     dram_active_ratio: float | None = None
+    fp16_active_ratio: float | None = None
+    fp32_active_ratio: float | None = None
+    fp64_active_ratio: float | None = None
+    # Video engines over the driver's last sample period, ratios 0-1.
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+    # NVLink data counters summed over the links, bytes (the driver's counters; None without NVLink).
+    nvlink_transmit_bytes_total: float | None = None
+    nvlink_receive_bytes_total: float | None = None
+    # Per link, only with nvml.nvlink_per_link: link -> {"transmit_bytes": .., "receive_bytes": ..}.
+    nvlink_link_bytes: Mapping[int, Mapping[str, float]] | None = None
+    # The health readings below are read every nvml.health_interval (the throttle counters every
+    # nvml.throttle_interval); between reads each tick repeats the last values read.
+    # Seconds the clocks were held below their target, by reason (NVML's violation counters).
+    clock_throttle_seconds_total: Mapping[str, float] | None = None
+    remapped_rows_correctable_total: int | None = None
+    remapped_rows_uncorrectable_total: int | None = None
+    row_remap_pending: bool | None = None
+    row_remap_failed: bool | None = None
+    ecc_corrected_errors_total: int | None = None
+    pcie_replays_total: int | None = None
+    pcie_errors_total: Mapping[str, int] | None = None  # by error type
+    memory_temperature_celsius: float | None = None
+    nvlink_active_links: int | None = None
+    nvlink_errors_total: Mapping[str, int] | None = None  # by error type, summed over the links
+    # Per link, only with nvml.nvlink_per_link: link -> error type -> count.
+    nvlink_link_errors_total: Mapping[int, Mapping[str, int]] | None = None
+    # The GPU's MIG devices (MIG mode only); () off MIG.
+    mig_readings: tuple[MigDeviceReadings, ...] = ()

@@ -14,7 +14,6 @@ from typing import Any
 
 import pynvml
 
-from gpuscope.simulate.fake_nvml_async import AsyncApi
 from gpuscope.simulate.fake_nvml_base import (
     ARGUMENT_VERSION_MISMATCH,
     DRIVER_NOT_LOADED,
@@ -31,6 +30,8 @@ from gpuscope.simulate.fake_nvml_base import (
     set_pointer,
     value_of,
 )
+from gpuscope.simulate.fake_nvml_hardware import HardwareApi
+from gpuscope.simulate.hardware import GPU_INSTANCE_BASE
 from gpuscope.simulate.model import GpuModel
 from gpuscope.simulate.timeline import EPOCH_US
 
@@ -44,7 +45,7 @@ _MEMORY_V2_VERSION = Packer(pynvml.c_nvmlMemory_v2_t, "version")
 _MEMORY_V2 = Packer(pynvml.c_nvmlMemory_v2_t, "total", "reserved", "free", "used")
 _MEMORY = Packer(pynvml.c_nvmlMemory_t, "total", "free", "used")
 _UTILIZATION = Packer(pynvml.c_nvmlUtilization_t, "gpu", "memory")
-_FIELD_ID = Packer(pynvml.c_nvmlFieldValue_t, "fieldId")
+_FIELD_ID = Packer(pynvml.c_nvmlFieldValue_t, "fieldId", "scopeId")
 _FIELD_VALUE = Packer(pynvml.c_nvmlFieldValue_t, "timestamp", "latencyUsec", "valueType", "nvmlReturn",
                       "value.ullVal")
 _FIELD_TIME = Packer(pynvml.c_nvmlFieldValue_t, "timestamp", "latencyUsec")
@@ -61,7 +62,7 @@ def _fill_text(buffer: Any, size: Any, text: str) -> int:
     return OK
 
 
-class FakeNvmlLib(AsyncApi):
+class FakeNvmlLib(HardwareApi):
     """The fake library. Thread-safe: one lock guards all state (a sampler and an event thread call)."""
 
     # ---------------------------------------------------------------- system
@@ -251,10 +252,12 @@ class FakeNvmlLib(AsyncApi):
         counters = {pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: tx, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: rx}
         timestamp = EPOCH_US + round(t * 1e6)
         for i in range(min(value_of(count), len(array))):
-            field_id = _FIELD_ID.read_at(array, i)[0]
-            if field_id in counters and gpu.spec.pcie.counters:
+            field_id, scope = _FIELD_ID.read_at(array, i)
+            value = (counters[field_id] if gpu.spec.pcie.counters else None) if field_id in counters else (
+                self.health_field(gpu, t, field_id, scope))
+            if value is not None:
                 _FIELD_VALUE.set_at(array, i, timestamp, 0, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, OK,
-                                    counters[field_id])
+                                    value)
             else:  # per-field status; the call itself succeeds, as the real one does
                 _FIELD_TIME.set_at(array, i, timestamp, 0)
                 _FIELD_RETURN.set_at(array, i, NOT_SUPPORTED)
@@ -286,8 +289,8 @@ class FakeNvmlLib(AsyncApi):
         count._obj.value = len(procs)
         if infos is None or capacity < len(procs):
             return INSUFFICIENT_SIZE if procs else OK
-        instance = 0 if gpu.spec.mig == "enabled" else _NO_INSTANCE
-        _PROCESS_INFO.fill(infos, [(p.pid, p.spec.memory, instance, instance) for p in procs])
+        _PROCESS_INFO.fill(infos, [(p.pid, p.spec.memory, *_instance_ids(gpu, p.spec.mig_device))
+                                   for p in procs])
         return OK
 
     @device_api
@@ -298,6 +301,13 @@ class FakeNvmlLib(AsyncApi):
     def nvmlDeviceGetGraphicsRunningProcesses_v3(self, gpu: GpuModel, t: float, count: Any,
                                                  infos: Any) -> int:
         return self._processes(gpu, t, "graphics", count, infos)
+
+
+def _instance_ids(gpu: GpuModel, mig_device: int | None) -> tuple[int, int]:
+    """(gpuInstanceId, computeInstanceId) of a process: NVML's "none" off MIG."""
+    if gpu.spec.mig != "enabled":
+        return _NO_INSTANCE, _NO_INSTANCE
+    return (GPU_INSTANCE_BASE + (mig_device or 0), 0)
 
 
 def install_library(lib: FakeNvmlLib) -> None:

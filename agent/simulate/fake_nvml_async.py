@@ -16,6 +16,7 @@ import pynvml
 from gpuscope.simulate.fake_nvml_base import (
     ARGUMENT_VERSION_MISMATCH,
     INVALID_ARGUMENT,
+    NOT_FOUND,
     NOT_SUPPORTED,
     OK,
     TIMEOUT,
@@ -29,6 +30,7 @@ from gpuscope.simulate.fake_nvml_base import (
     set_pointer,
     value_of,
 )
+from gpuscope.simulate.hardware import GPU_INSTANCE_BASE
 from gpuscope.simulate.model import GpuModel
 
 _POLL_S = 0.02  # a blocked EventSetWait re-reads the (possibly manual) scenario clock this often
@@ -38,6 +40,10 @@ _GPM_METRICS = {
     pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: "sm_occupancy",
     pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "tensor_active",
     pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: "dram_active",
+    pynvml.NVML_GPM_METRIC_FP16_UTIL: "fp16_active",
+    pynvml.NVML_GPM_METRIC_FP32_UTIL: "fp32_active",
+    pynvml.NVML_GPM_METRIC_FP64_UTIL: "fp64_active",
+    pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: "graphics_active",
     pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: "pcie_tx",
     pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: "pcie_rx",
 }
@@ -69,6 +75,7 @@ class _EventSet:
 class _GpmSample:
     gpu: int | None = None  # filled by nvmlGpmSampleGet
     taken_at: float = 0.0
+    gpu_instance: int | None = None  # nvmlGpmMigSampleGet's GPU instance
 
 
 class AsyncApi(LibState):
@@ -181,8 +188,6 @@ class AsyncApi(LibState):
     @device_api
     def nvmlGpmQueryDeviceSupport(self, gpu: GpuModel, t: float, support: Any) -> int:
         s = support._obj
-        if gpu.spec.mig == "enabled":
-            return NOT_SUPPORTED  # GPM is per GPU instance under MIG
         if s.version != pynvml.NVML_GPM_SUPPORT_VERSION:
             return ARGUMENT_VERSION_MISMATCH
         s.isSupportedDevice = int(gpu.spec.gpm.supported)
@@ -208,7 +213,19 @@ class AsyncApi(LibState):
         if gpu.spec.mig == "enabled" or not gpu.spec.gpm.supported:
             return NOT_SUPPORTED
         s = self._gpm_sample(sample)
-        s.gpu, s.taken_at = gpu.index, t
+        s.gpu, s.taken_at, s.gpu_instance = gpu.index, t, None
+        return OK
+
+    @device_api
+    def nvmlGpmMigSampleGet(self, gpu: GpuModel, t: float, gpu_instance: Any, sample: Any) -> int:
+        """A sample of one GPU instance of a GPU in MIG mode (NVML numbers them from 1)."""
+        if gpu.spec.mig != "enabled" or not gpu.spec.gpm.supported:
+            return NOT_SUPPORTED
+        instance = value_of(gpu_instance)
+        if not 0 <= instance - GPU_INSTANCE_BASE < len(gpu.spec.mig_devices):
+            return NOT_FOUND
+        s = self._gpm_sample(sample)
+        s.gpu, s.taken_at, s.gpu_instance = gpu.index, t, instance
         return OK
 
     @api
@@ -218,13 +235,20 @@ class AsyncApi(LibState):
         if version != pynvml.NVML_GPM_METRICS_GET_VERSION:
             return ARGUMENT_VERSION_MISMATCH
         first, second = self._gpm_sample_at(_where(sample1)), self._gpm_sample_at(_where(sample2))
-        if first.gpu is None or first.gpu != second.gpu or second.taken_at < first.taken_at:
+        if (first.gpu is None or first.gpu != second.gpu or second.taken_at < first.taken_at
+                or first.gpu_instance != second.gpu_instance):
             return INVALID_ARGUMENT
         metrics = r.metrics
         n = min(num_metrics, len(metrics))
         names = [_GPM_METRICS.get(_GPM_METRIC_ID.read_at(metrics, i)[0]) for i in range(n)]
         pcie = any(name is not None and name.startswith("pcie") for name in names)
-        values = self.gpus[first.gpu].gpm_average(first.taken_at, second.taken_at, pcie=pcie)
+        gpu = self.gpus[first.gpu]
+        if first.gpu_instance is not None:
+            values = _instance_metrics(gpu, first.gpu_instance - GPU_INSTANCE_BASE, first.taken_at,
+                                       second.taken_at)
+            names = [name if name in values else None for name in names]
+        else:
+            values = gpu.gpm_average(first.taken_at, second.taken_at, pcie=pcie)
         for i, name in enumerate(names):
             if name is None:
                 _GPM_METRIC_RESULT.set_at(metrics, i, NOT_SUPPORTED, 0.0)
@@ -233,3 +257,12 @@ class AsyncApi(LibState):
             # PCIe metrics are MiB/s
             _GPM_METRIC_RESULT.set_at(metrics, i, OK, value / _MiB if name.startswith("pcie") else value)
         return OK
+
+
+def _instance_metrics(gpu: GpuModel, index: int, t1: float, t2: float) -> dict[str, float]:
+    """GPM percentages of one GPU instance: its activity pattern, times the GPU's GPM levels."""
+    activity = gpu.hardware.mig_activity(index, t1, t2)
+    gpm = gpu.spec.gpm
+    return {"graphics_active": 100.0 * activity, "sm_active": 100.0 * gpm.sm_active * activity,
+            "tensor_active": 100.0 * gpm.tensor_active * activity,
+            "dram_active": 100.0 * gpm.dram_active * activity}

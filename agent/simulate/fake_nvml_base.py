@@ -106,6 +106,10 @@ class LibState:
             where.to_bytes(ctypes.sizeof(ctypes.c_void_p), sys.byteorder): gpu
             for where, gpu in self._by_address.items()
         }
+        # MIG devices' handles: address -> (parent GPU, MIG device index).
+        self.mig_handles: dict[tuple[int, int], int] = {
+            (gpu.index, i): self.opaque.new() for gpu in gpus for i in range(len(gpu.spec.mig_devices))}
+        self.mig_by_address = {where: key for key, where in self.mig_handles.items()}
 
     def handle_address(self, gpu: GpuModel) -> int:
         return self._handles[gpu.index]
@@ -162,6 +166,12 @@ def device_api(fn: Callable[..., int]) -> Callable[..., int]:
                 # gpu_of(), its fast path inlined
                 gpu = self._by_pointer_bytes.get(bytes(handle)) if type(handle) is _DEVICE_HANDLE else None
                 if gpu is None:
+                    mig = self.mig_by_address.get(address(handle) or 0)
+                    if mig is not None:  # a MIG device's handle: its own function, if it has one
+                        mig_fn = getattr(self, "mig_" + name, None)
+                        if mig_fn is None:
+                            return NOT_SUPPORTED
+                        return int(mig_fn(self.gpus[mig[0]], mig[1], *args))
                     gpu = self.gpu_of(handle)
                 t = self.clock()
                 if gpu.may_fail:  # the scenario has lost windows or injected failures for this GPU

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from gpuscope.simulate.hardware import HardwareModel
 from gpuscope.simulate.patterns import noise_stream
 from gpuscope.simulate.scenario import REASON_BITS, FailureSpec, GpuSpec, ProcessSpec
 from gpuscope.simulate.timeline import (
@@ -114,6 +115,7 @@ class GpuModel:
         # The last buffer read, by (cursor, last tick): a sampler reads each buffer twice (size, then fill).
         self._samples_last: tuple[tuple[int, int], list[tuple[int, int]]] | None = None
         self._process_last: tuple[tuple[int, int], list[tuple[int, int, int, int]]] | None = None
+        self.hardware = HardwareModel(self, seed)
 
     # ---------------------------------------------------------------- instantaneous behaviour
 
@@ -366,8 +368,11 @@ class GpuModel:
             tensor += c
             dram += d
         n = len(rows)
+        fp = self.spec.gpm
         out = {"sm_active": 100.0 * sm / n, "sm_occupancy": 100.0 * occupancy / n,
-               "tensor_active": 100.0 * tensor / n, "dram_active": 100.0 * dram / n}
+               "tensor_active": 100.0 * tensor / n, "dram_active": 100.0 * dram / n,
+               "fp16_active": 100.0 * fp.fp16_active * sm / n, "fp32_active": 100.0 * fp.fp32_active * sm / n,
+               "fp64_active": 100.0 * fp.fp64_active * sm / n}
         if not pcie:
             return out
         if t2 > t1:

@@ -32,8 +32,15 @@ DEVICE_FUNCTIONS = frozenset({
     "nvmlDeviceGetPcieThroughput", "nvmlDeviceGetTotalEccErrors", "nvmlGpmQueryDeviceSupport",
     "nvmlGpmSampleGet", "nvmlDeviceGetComputeRunningProcesses_v3",
     "nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetProcessUtilization",
-    "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents",
+    "nvmlDeviceGetSupportedEventTypes", "nvmlDeviceRegisterEvents", "nvmlDeviceGetViolationStatus",
+    "nvmlDeviceGetRemappedRows", "nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetEncoderUtilization",
+    "nvmlDeviceGetDecoderUtilization", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlGpmMigSampleGet",
 })
+PCIE_ERROR_TYPES = ("correctable", "non_fatal", "fatal", "receiver", "bad_tlp", "bad_dllp", "lcrc",
+                    "naks_received", "naks_sent", "unsupported_request")
+NVLINK_ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
+MIG_PROFILE = r"^[1-8]g\.[1-9][0-9]*gb(\+me)?$"
 REASON_BITS = {name: bit for bit, name in CLOCK_EVENT_REASONS.items()}
 # "hang": the call does not return while the window lasts (a stuck driver, as around Xid 79).
 FailureCode = Literal["unknown", "not_supported", "timeout", "no_permission", "gpu_is_lost", "no_data",
@@ -96,6 +103,59 @@ class GpmLevels(_Model):
 
 class GpmSpec(GpmLevels):
     supported: bool = True
+    # Non-tensor floating-point pipes' activity, per unit of SM activity.
+    fp16_active: Fraction = 0.02
+    fp32_active: Fraction = 0.12
+    fp64_active: Fraction = 0.0
+
+
+class HealthSpec(_Model):
+    """The hardware health counters the GPU reports (constant over the scenario)."""
+
+    remapped_rows_correctable: int = Field(0, ge=0)
+    remapped_rows_uncorrectable: int = Field(0, ge=0)
+    row_remap_pending: bool = False
+    row_remap_failed: bool = False
+    ecc_corrected: int = Field(0, ge=0)
+    pcie_replays: int = Field(0, ge=0)
+    pcie_errors: dict[str, int] = {}  # type -> count; the others 0
+    memory_temperature_offset_c: float = -6.0  # memory temperature = GPU temperature + offset
+    encoder: bool = False  # an NVENC engine (H100 has decoders only)
+
+    @field_validator("pcie_errors")
+    @classmethod
+    def _pcie_types(cls, errors: dict[str, int]) -> dict[str, int]:
+        unknown = [k for k in errors if k not in PCIE_ERROR_TYPES]
+        if unknown or any(v < 0 for v in errors.values()):
+            raise ValueError(f"pcie_errors: types are {', '.join(PCIE_ERROR_TYPES)}, counts >= 0")
+        return errors
+
+
+class NvlinkSpec(_Model):
+    """NVLink links (0: none, as on a PCIe card: NVML answers NOT_SUPPORTED)."""
+
+    links: int = Field(0, ge=0, le=18)
+    down: list[int] = []  # links that are not up
+    # Data over all links per unit of utilization, bytes a second (spread evenly over the up links).
+    tx_bytes_per_s: ByteSize = 120 * _GiB
+    rx_bytes_per_s: ByteSize = 120 * _GiB
+    # Error counts by type, on link ``errors_link``.
+    errors: dict[str, int] = {}
+    errors_link: int = Field(0, ge=0)
+
+    @field_validator("errors")
+    @classmethod
+    def _types(cls, errors: dict[str, int]) -> dict[str, int]:
+        unknown = [k for k in errors if k not in NVLINK_ERROR_TYPES]
+        if unknown or any(v < 0 for v in errors.values()):
+            raise ValueError(f"errors: types are {', '.join(NVLINK_ERROR_TYPES)}, counts >= 0")
+        return errors
+
+    @model_validator(mode="after")
+    def _links_exist(self) -> NvlinkSpec:
+        if any(link >= self.links for link in self.down) or (self.errors and self.errors_link >= self.links):
+            raise ValueError("down and errors_link must name links below 'links'")
+        return self
 
 
 class EccSpec(_Model):
@@ -152,6 +212,7 @@ class ProcessSpec(_Model):
     utilization: Pattern | None = None  # the process's own pattern instead of a share
     start: Duration = 0.0
     stop: OptionalDuration = None
+    mig_device: int | None = Field(None, ge=0)  # the index in the GPU's mig_devices it runs on
 
     @model_validator(mode="after")
     def _pid_or_spawn(self) -> ProcessSpec:
@@ -176,11 +237,27 @@ _K8S_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
 
 class PodSpec(_Model):
-    """A pod container the (simulated) kubelet allocated the GPU to."""
+    """A pod container the (simulated) kubelet allocated the GPU (or MIG device) to."""
 
     namespace: str = Field("default", pattern=_K8S_NAME)
     pod: str = Field(pattern=_K8S_NAME)
     container: str = Field(pattern=_K8S_NAME)
+
+
+class MigDeviceSpec(_Model):
+    """A MIG device of a GPU in MIG mode: one GPU instance with one compute instance."""
+
+    profile: str = Field(pattern=MIG_PROFILE)  # e.g. 1g.10gb, 3g.40gb
+    memory: ByteSize | None = None  # default: the profile's size
+    # The instance's activity (GPM graphics activity; SM, tensor and DRAM activity as gpm's levels).
+    utilization: Pattern = SteadyPattern(level=0.0)
+    pods: list[PodSpec] = []
+
+    @property
+    def memory_total(self) -> int:
+        if self.memory is not None:
+            return int(self.memory)
+        return int(self.profile.split(".")[1].split("gb")[0]) * _GiB - 512 * _MiB
 
 
 class PhaseSpec(_Model):
@@ -213,7 +290,10 @@ class GpuSpec(_Model):
     pcie: PcieSpec = PcieSpec()
     gpm: GpmSpec = GpmSpec()
     ecc: EccSpec = EccSpec()
+    health: HealthSpec = HealthSpec()
+    nvlink: NvlinkSpec = NvlinkSpec()
     mig: Literal["enabled", "disabled", "unsupported"] = "disabled"
+    mig_devices: list[MigDeviceSpec] = []  # with mig: enabled
     utilization: Pattern = SteadyPattern(level=0.0)
     clock_event_reasons: list[str] = []
     phases: list[PhaseSpec] = []
@@ -243,6 +323,20 @@ class GpuSpec(_Model):
         if any(b <= a for a, b in itertools.pairwise(starts)):
             raise ValueError("phases must be in increasing order of 'from'")
         return phases
+
+    @model_validator(mode="after")
+    def _mig_devices_fit(self) -> GpuSpec:
+        if self.mig_devices and self.mig != "enabled":
+            raise ValueError("mig_devices needs mig: enabled")
+        if len(self.mig_devices) > 7:
+            raise ValueError("a GPU has at most 7 MIG devices")
+        for j, proc in enumerate(self.processes):
+            if proc.mig_device is not None and proc.mig_device >= len(self.mig_devices):
+                raise ValueError(f"processes[{j}].mig_device: {proc.mig_device} is not an index of "
+                                 "mig_devices")
+        if sum(m.memory_total for m in self.mig_devices) > self.memory.total:
+            raise ValueError("the MIG devices' memory exceeds memory.total")
+        return self
 
     @model_validator(mode="after")
     def _memory_fits(self) -> GpuSpec:

@@ -76,7 +76,7 @@ class Simulation:
         """Where the simulated kubelet serves the scenario's pods while installed; None when no GPU
         of the scenario has pods. Reading it makes the socket's temporary directory, which
         ``uninstall`` removes: call ``uninstall`` even when ``install`` never ran."""
-        if not any(gpu.pods for gpu in self.scenario.gpus):
+        if not any(gpu.pods or any(m.pods for m in gpu.mig_devices) for gpu in self.scenario.gpus):
             return None
         if self._kubelet_dir is None:
             self._kubelet_dir = Path(tempfile.mkdtemp(prefix="gpuscope-sim-kubelet-"))
@@ -105,11 +105,17 @@ class Simulation:
             socket = self.kubelet_socket
             if socket is not None:
                 # gRPC is loaded only for a scenario with pods, as a real node loads it only with a kubelet.
+                from gpuscope.simulate.fake_nvml_hardware import mig_uuid
                 from gpuscope.simulate.kubelet import DeviceAllocation, FakeKubelet
 
                 self._kubelet = FakeKubelet(socket, [
                     DeviceAllocation(pod.namespace, pod.pod, pod.container, (model.uuid,))
-                    for model, gpu in zip(models, self.scenario.gpus, strict=True) for pod in gpu.pods])
+                    for model, gpu in zip(models, self.scenario.gpus, strict=True) for pod in gpu.pods] + [
+                    # NVIDIA's device plugin names a MIG device by its UUID, under its profile's resource.
+                    DeviceAllocation(pod.namespace, pod.pod, pod.container, (mig_uuid(model, i),),
+                                     f"nvidia.com/mig-{mig.profile}")
+                    for model, gpu in zip(models, self.scenario.gpus, strict=True)
+                    for i, mig in enumerate(gpu.mig_devices) for pod in mig.pods])
                 self._kubelet.start()
             lib = FakeNvmlLib(self.scenario, models, self.now)
             self._t0 = time.monotonic()

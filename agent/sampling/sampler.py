@@ -20,20 +20,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpuscope.busy_time import GpmActiveTime, GpuBusyTime, ProcessBusyTime
-from gpuscope.counters import RateIntegrator, ResetSafeCounter
-from gpuscope.energy_split import EnergySplit
 from gpuscope.health import SourceHealth
 from gpuscope.host.processes import ProcessInspector
-from gpuscope.idle_dips import IdleDipCounter
 from gpuscope.nvml.boundary import GpuLostError, Nvml, NvmlDevice, NvmlUnavailable
 from gpuscope.nvml.clock_events import decode_clock_event_reasons
-from gpuscope.nvml.readings import DeviceReadings
+from gpuscope.nvml.readings import DeviceReadings, MigDeviceReadings
 from gpuscope.nvml.xid import XidWatcher
-from gpuscope.read_guard import ReadGuard
+from gpuscope.sampling.busy_time import GpmActiveTime, GpuBusyTime, ProcessBusyTime
+from gpuscope.sampling.counters import RateIntegrator, ResetSafeCounter
+from gpuscope.sampling.energy_split import EnergySplit
+from gpuscope.sampling.idle_dips import IdleDipCounter
+from gpuscope.sampling.read_guard import ReadGuard
 from gpuscope.snapshot import (
     STALE_AFTER_INTERVALS,
     GpuReading,
+    MigReading,
     PodContainer,
     ProcessReading,
     Snapshot,
@@ -76,6 +77,8 @@ class _GpuState:
     energy: ResetSafeCounter = field(default_factory=ResetSafeCounter)
     energy_read_at: float | None = None  # when the energy counter was last asked for (sampler clock)
     samples_read_at: float | None = None  # when the utilization samples were last asked for
+    health_read_at: float | None = None  # when the health readings were last asked for
+    throttle_read_at: float | None = None  # when the throttle counters were last asked for
     pcie_tx: RateIntegrator = field(default_factory=RateIntegrator)
     pcie_rx: RateIntegrator = field(default_factory=RateIntegrator)
     busy: GpuBusyTime = field(default_factory=GpuBusyTime)
@@ -83,6 +86,8 @@ class _GpuState:
     process_busy: ProcessBusyTime = field(default_factory=ProcessBusyTime)
     process_samples_seen: bool = False  # the GPU has reported per-process samples at least once
     energy_split: EnergySplit = field(default_factory=EnergySplit)
+    # MIG: seconds each GPU instance was active (GPM's graphics activity times its interval).
+    instance_busy: dict[int, float] = field(default_factory=dict)
     lost: bool = False
 
 
@@ -105,6 +110,9 @@ class Sampler:
         expected_gpus: int | None = None,
         energy_interval_seconds: float = 0.0,
         samples_interval_seconds: float = 0.0,
+        health_interval_seconds: float = 0.0,
+        throttle_interval_seconds: float = 0.0,
+        nvlink_per_link: bool = False,
         stuck_after_seconds: float = 3.0,
         unhealthy_after_seconds: float = 30.0,
     ) -> None:
@@ -125,6 +133,9 @@ class Sampler:
         # a little early or late: half an interval of slack keeps "every 10 s" from becoming every 11.
         self._energy_every = max(0.0, energy_interval_seconds - interval_seconds / 2)
         self._samples_every = max(0.0, samples_interval_seconds - interval_seconds / 2)
+        self._health_every = max(0.0, health_interval_seconds - interval_seconds / 2)
+        self._throttle_every = max(0.0, throttle_interval_seconds - interval_seconds / 2)
+        self._nvlink_per_link = nvlink_per_link
         self._process_seconds = 0.0  # this tick's time in process mapping (part of every GPU's read)
 
         self._devices: list[NvmlDevice] = []
@@ -378,8 +389,12 @@ class Sampler:
         self._guard.begin(generation, ident.index, time.monotonic())
         read_energy = state.energy_read_at is None or now - state.energy_read_at >= self._energy_every
         read_samples = state.samples_read_at is None or now - state.samples_read_at >= self._samples_every
+        read_health = state.health_read_at is None or now - state.health_read_at >= self._health_every
+        read_throttle = state.throttle_read_at is None or now - state.throttle_read_at >= self._throttle_every
         try:
-            raw: DeviceReadings | None = self._nvml.read(device, energy=read_energy, samples=read_samples)
+            raw: DeviceReadings | None = self._nvml.read(
+                device, energy=read_energy, samples=read_samples, health=read_health, throttle=read_throttle,
+                nvlink_per_link=self._nvlink_per_link)
         except GpuLostError as err:
             raw = None
             if not state.lost:
@@ -403,6 +418,10 @@ class Sampler:
             state.energy_read_at = now
         if read_samples:
             state.samples_read_at = now
+        if read_health:
+            state.health_read_at = now
+        if read_throttle:
+            state.throttle_read_at = now
         return self._to_reading(device, raw, state, xids, now)
 
     def _down(self, device: NvmlDevice, xids: dict[int, int]) -> GpuReading:
@@ -467,8 +486,33 @@ class Sampler:
             idle_dips_total=dips,
             processes=processes,
             pods=self._pods(ident.uuid, ident.index),
+            mig_devices=self._mig_devices(raw.mig_readings, state) if raw.mig_readings else (),
             **dict(zip(PLAIN_READINGS, _plain_values(raw), strict=True)),
         )
+
+    def _mig_devices(self, readings: tuple[MigDeviceReadings, ...],
+                     state: _GpuState) -> tuple[MigReading, ...]:
+        busy = state.instance_busy
+        present = {m.identity.gpu_instance for m in readings}
+        for gone in set(busy) - present:  # an instance destroyed: a new one with its id starts at 0
+            del busy[gone]
+        counted: set[int] = set()
+        out = []
+        for m in readings:
+            ident = m.identity
+            instance = ident.gpu_instance
+            # Compute instances of one GPU instance share its GPM figures: counted once per instance.
+            if instance not in counted and m.graphics_active_ratio is not None and m.gpm_interval_seconds:
+                busy[instance] = busy.get(instance, 0.0) + m.graphics_active_ratio * m.gpm_interval_seconds
+                counted.add(instance)
+            out.append(MigReading(
+                index=ident.index, gpu_instance=instance, compute_instance=ident.compute_instance,
+                uuid=ident.uuid, profile=ident.profile, memory_used_bytes=m.memory_used_bytes,
+                memory_total_bytes=m.memory_total_bytes, sm_active_ratio=m.sm_active_ratio,
+                tensor_active_ratio=m.tensor_active_ratio, dram_active_ratio=m.dram_active_ratio,
+                busy_seconds_total=busy.get(instance), pods=self._pods(ident.uuid, -1),
+            ))
+        return tuple(out)
 
     def _clock_reasons(self, mask: int) -> frozenset[str]:
         reasons = self._reasons.get(mask)
@@ -525,6 +569,8 @@ class Sampler:
                 slurm_job=host.slurm_job,
                 busy_seconds_total=None if busy_by_pid is None else busy_by_pid.get(proc.pid),
                 energy_joules_total=None if energy_by_pid is None else energy_by_pid.get(proc.pid),
+                gpu_instance=proc.gpu_instance,
+                compute_instance=proc.compute_instance,
             ))
         self._process_seconds += time.perf_counter() - started
         return tuple(out)

@@ -15,7 +15,7 @@ from gpuscope.health import SourceHealth
 from gpuscope.host.pods import PodAttribution
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml.boundary import Nvml
-from gpuscope.sampler import Sampler
+from gpuscope.sampling.sampler import Sampler
 
 if TYPE_CHECKING:
     from gpuscope.simulate import Simulation
@@ -54,6 +54,9 @@ class NodeSampling:
             expected_gpus=settings.nvml.expected_gpus,
             energy_interval_seconds=settings.nvml.energy_interval,
             samples_interval_seconds=settings.nvml.samples_interval,
+            health_interval_seconds=settings.nvml.health_interval,
+            throttle_interval_seconds=settings.nvml.throttle_interval,
+            nvlink_per_link=settings.nvml.nvlink_per_link,
             stuck_after_seconds=settings.watchdog.stuck_after,
             unhealthy_after_seconds=settings.watchdog.unhealthy_after,
         )
