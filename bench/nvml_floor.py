@@ -42,7 +42,8 @@ from typing import Any
 # whether the library's wait polls, and then the sampler checks for Xid events each tick.
 WARMUP_TICKS = 12
 # Read once per interval of their own, not every tick (nvml.energy_interval, nvml.samples_interval).
-INTERVAL_READS = frozenset({"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetSamples"})
+INTERVAL_READS = frozenset({"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetSamples",
+                            "nvmlDeviceGetViolationStatus", "nvmlDeviceGetNvLinkState"})
 
 
 def main() -> int:
@@ -74,7 +75,9 @@ def measure(seconds: float, as_json: bool) -> int:
     # nvml.energy_interval and nvml.samples_interval, not every tick.
     defaults = NvmlConfig()
     sampler = Sampler(nvml, ProcessInspector(), energy_interval_seconds=defaults.energy_interval,
-                      samples_interval_seconds=defaults.samples_interval)
+                      samples_interval_seconds=defaults.samples_interval,
+                      health_interval_seconds=defaults.health_interval,
+                      throttle_interval_seconds=defaults.throttle_interval)
     for _ in range(WARMUP_TICKS):
         snapshot = sampler.tick()
         time.sleep(1.0)
@@ -86,7 +89,9 @@ def measure(seconds: float, as_json: bool) -> int:
     # Each call a tick can make, once per function and first argument: the ticks that read the
     # energy counter and the samples are recorded too (one every few seconds), for the per-call figures.
     timed = {(name, id(args[0]) if args else 0): (name, args) for name, args in calls}
-    for _ in range(int(max(defaults.energy_interval, defaults.samples_interval)) + 1):
+    longest = max(defaults.energy_interval, defaults.samples_interval, defaults.health_interval,
+                  defaults.throttle_interval)
+    for _ in range(int(longest) + 1):
         if {name for name, _ in timed.values()} >= INTERVAL_READS:
             break
         time.sleep(1.0)

@@ -1,0 +1,150 @@
+"""MIG devices, NVLink and the hardware health readings, through the real boundary and sampler over the
+simulated NVML (the fake library sits under pynvml, so pynvml's own wrappers run)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from test_sampler import ManualClock, make_sampler, ticks
+
+from gpuscope.generated.kubelet.v1 import podresources_pb2
+from gpuscope.host.kubelet import gpu_allocations
+from gpuscope.simulate import Simulation
+from gpuscope.simulate.loader import parse_scenario
+from gpuscope.snapshot import PodContainer
+
+Start = Callable[..., Simulation]
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(1.0)
+
+
+@pytest.fixture
+def simulate(clock: ManualClock) -> Iterator[Start]:
+    """simulate(yaml) installs a scenario on the manual clock; uninstalled after the test."""
+    sims: list[Simulation] = []
+
+    def start(text: str) -> Simulation:
+        sim = Simulation(parse_scenario(text, source="node"), clock=clock, spawn_processes=False)
+        sim.install()
+        sims.append(sim)
+        return sim
+
+    yield start
+    for sim in sims:
+        sim.uninstall()
+
+_NODE = """
+duration: 100s
+gpus:
+  - mig: enabled
+    mig_devices:
+      - {profile: 3g.40gb, utilization: 0.5}
+      - {profile: 1g.10gb, pods: [{namespace: lab, pod: idle-notebook, container: jupyter}]}
+    processes:
+      - {name: a, pid: 4242, memory: 8GiB, mig_device: 0}
+      - {name: b, pid: 4343, memory: 2GiB, mig_device: 1}
+  - utilization: 1.0
+    clock_event_reasons: [sw_power_cap]
+    health: {row_remap_pending: true, remapped_rows_uncorrectable: 1, ecc_corrected: 12, pcie_replays: 3}
+    nvlink: {links: 18, down: [17], errors: {replay: 4}, errors_link: 5}
+  - {}
+"""
+
+
+def test_mig_devices_their_memory_activity_busy_time_and_processes(simulate: Start,
+                                                                   clock: ManualClock) -> None:
+    simulate(_NODE)
+    sampler = make_sampler(clock)
+    snap = ticks(sampler, clock, until=clock.now + 10.0)
+    mig_gpu = snap.gpus[0]
+    assert mig_gpu.mig_enabled and mig_gpu.utilization_ratio is None and mig_gpu.busy_seconds_total is None
+    big, small = mig_gpu.mig_devices
+    assert [(m.gpu_instance, m.compute_instance, m.profile) for m in (big, small)] == [
+        (1, 0, "3g.40gb"), (2, 0, "1g.10gb")]
+    assert big.uuid.startswith("MIG-") and big.uuid != small.uuid
+    assert (big.memory_used_bytes, small.memory_used_bytes) == (8 * 1024**3, 2 * 1024**3)
+    assert big.sm_active_ratio == pytest.approx(0.5 * 0.85)
+    # Busy 0.5 of the 10 s between the first tick's GPM sample and the last one; the idle one not at all.
+    assert big.busy_seconds_total == pytest.approx(5.0, rel=0.05)
+    assert small.busy_seconds_total == 0.0
+    assert {p.pid: (p.gpu_instance, p.compute_instance) for p in mig_gpu.processes} == {
+        4242: (1, 0), 4343: (2, 0)}
+    assert snap.gpus[1].mig_devices == () and all(p.gpu_instance is None for p in snap.gpus[1].processes)
+
+
+def test_health_readings_repeat_between_reads_and_throttle_time_adds_up(simulate: Start,
+                                                                        clock: ManualClock) -> None:
+    simulate(_NODE)
+    sampler = make_sampler(clock, health_interval_seconds=10.0, throttle_interval_seconds=30.0)
+    first = sampler.tick()
+    gpu = first.gpus[1]
+    assert (gpu.row_remap_pending, gpu.row_remap_failed, gpu.health) == (True, False, "reset_required")
+    assert gpu.remapped_rows_uncorrectable_total == 1
+    assert (gpu.ecc_corrected_errors_total, gpu.pcie_replays_total) == (12, 3)
+    assert gpu.nvlink_active_links == 17 and gpu.nvlink_errors_total == {
+        "crc_flit": 0, "crc_data": 0, "replay": 4, "recovery": 0}
+    assert gpu.memory_temperature_celsius is not None
+    assert first.gpus[2].nvlink_active_links is None and first.gpus[2].nvlink_transmit_bytes_total is None
+    assert first.gpus[2].health == "ok"
+    power_at_start = gpu.clock_throttle_seconds_total["power"]
+    later = ticks(sampler, clock, until=clock.now + 29.0)
+    # Not read again before throttle_interval: the value read at the start is repeated.
+    assert later.gpus[1].clock_throttle_seconds_total["power"] == power_at_start
+    after = ticks(sampler, clock, until=clock.now + 1.0)
+    # The power cap held all the while: the counter grew by the 30 s between its two reads.
+    grown = after.gpus[1].clock_throttle_seconds_total["power"] - power_at_start
+    assert grown == pytest.approx(30.0, rel=0.02)
+    assert after.gpus[1].nvlink_transmit_bytes_total > gpu.nvlink_transmit_bytes_total  # every tick
+
+
+def test_per_link_nvlink_counters_only_when_asked(simulate: Start, clock: ManualClock) -> None:
+    simulate(_NODE)
+    plain = make_sampler(clock).tick().gpus[1]
+    assert plain.nvlink_link_bytes is None and plain.nvlink_link_errors_total is None
+    per_link = make_sampler(clock, nvlink_per_link=True).tick().gpus[1]
+    assert per_link.nvlink_link_bytes is not None and len(per_link.nvlink_link_bytes) == 18
+    assert per_link.nvlink_link_bytes[17] == {"transmit_bytes": 0.0, "receive_bytes": 0.0}  # a link down
+    assert sum(v["transmit_bytes"] for v in per_link.nvlink_link_bytes.values()) == pytest.approx(
+        per_link.nvlink_transmit_bytes_total, rel=0.01)
+    assert per_link.nvlink_link_errors_total[5]["replay"] == 4
+    assert per_link.nvlink_link_errors_total[0]["replay"] == 0
+
+
+def test_unsupported_readings_are_absent_and_not_asked_again(simulate: Start, clock: ManualClock) -> None:
+    simulate("gpus: [{mig: unsupported, health: {encoder: false}}]")
+    sampler = make_sampler(clock)
+    gpu = ticks(sampler, clock, until=clock.now + 3.0).gpus[0]
+    assert gpu.encoder_utilization_ratio is None and gpu.decoder_utilization_ratio == 0.0
+    assert gpu.nvlink_active_links is None and gpu.mig_devices == ()
+    assert sampler.latest() is not None and sampler.latest().sample_errors == {}
+
+
+def test_kubelet_mig_device_ids_map_pods_to_instances() -> None:
+    response = podresources_pb2.ListPodResourcesResponse(pod_resources=[
+        podresources_pb2.PodResources(name="nb", namespace="lab", containers=[
+            podresources_pb2.ContainerResources(name="jupyter", devices=[podresources_pb2.ContainerDevices(
+                resource_name="nvidia.com/mig-1g.10gb", device_ids=["MIG-aaaa-0002"])])])])
+    allocations = gpu_allocations(response)
+    assert allocations.pods_for("MIG-aaaa-0002", -1) == (PodContainer("lab", "nb", "jupyter"),)
+    assert allocations.pods_for("MIG-aaaa-0001", -1) == ()
+
+
+def test_pods_on_a_simulated_mig_node_reach_their_instances(simulate: Start, clock: ManualClock) -> None:
+    from gpuscope.host.pods import PodAttribution
+
+    sim = simulate(_NODE)
+    socket = sim.kubelet_socket
+    assert socket is not None
+    pods = PodAttribution(socket, refresh_interval=60.0, timeout=5.0, keep_for=60.0)
+    try:
+        pods.refresh()
+        sampler = make_sampler(clock)
+        sampler._pods = pods.pods_for  # as NodeSampling wires it
+        small = sampler.tick().gpus[0].mig_devices[1]
+        assert small.pods == (PodContainer("lab", "idle-notebook", "jupyter"),)
+    finally:
+        pods.stop()
