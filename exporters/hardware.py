@@ -59,15 +59,15 @@ _HELP_HEALTH = ("The GPU's health (1 for its state, 0 for the others): ok; reset
 def hardware_families(gpus: Iterable[GpuReading]) -> list[Metric]:
     plain = [(attr, new_family(counter, name, help_text, _GPU_LABELS, unit))
              for attr, name, counter, unit, help_text in PLAIN_READINGS]
-    link = (*_GPU_LABELS, "link")
+    link_labels = (*_GPU_LABELS, "link")
     throttle = new_family(True, "gpu_clock_throttle_seconds", _HELP_THROTTLE, (*_GPU_LABELS, "reason"),
                           "seconds")
     remapped = new_family(True, "gpu_remapped_rows", _HELP_REMAPPED, (*_GPU_LABELS, "cause"))
     pcie_errors = new_family(True, "gpu_pcie_errors", _HELP_PCIE_ERRORS, (*_GPU_LABELS, "type"))
     nvlink_errors = new_family(True, "gpu_nvlink_errors", _HELP_NVLINK_ERRORS, (*_GPU_LABELS, "type"))
-    link_tx = new_family(True, "gpu_nvlink_link_transmit_bytes", _HELP_LINK_TX, link, "bytes")
-    link_rx = new_family(True, "gpu_nvlink_link_receive_bytes", _HELP_LINK_RX, link, "bytes")
-    link_errors = new_family(True, "gpu_nvlink_link_errors", _HELP_LINK_ERRORS, (*link, "type"))
+    link_tx = new_family(True, "gpu_nvlink_link_transmit_bytes", _HELP_LINK_TX, link_labels, "bytes")
+    link_rx = new_family(True, "gpu_nvlink_link_receive_bytes", _HELP_LINK_RX, link_labels, "bytes")
+    link_errors = new_family(True, "gpu_nvlink_link_errors", _HELP_LINK_ERRORS, (*link_labels, "type"))
     health = GaugeMetricFamily("gpu_health", _HELP_HEALTH, labels=(*_GPU_LABELS, "state"))
     for gpu in gpus:
         labels = (str(gpu.index), gpu.uuid)

@@ -361,3 +361,53 @@ def test_snapshot_table_and_json_name_the_slurm_job() -> None:
     processes = json.loads(json.dumps(snapshot.to_json()))["gpus"][0]["processes"]
     expected = {"job_id": "4242", "step": "0", "uid": 1000}
     assert [p["slurm_job"] for p in processes if p["pid"] == 6060] == [expected]
+
+
+def test_snapshot_table_lists_mig_devices_under_their_gpu_and_the_health_state() -> None:
+    from dataclasses import replace
+
+    from snapshots import make_gpu, make_mig_gpu, make_snapshot, mig_uuid
+
+    from gpuscope.cli.snapshot import format_snapshot
+
+    mig = make_mig_gpu(2)
+    gpus = [make_gpu(0, row_remap_pending=True), make_gpu(1, row_remap_failed=True), mig,
+            make_gpu(3, up=False, processes=())]
+    snapshot = make_snapshot(gpus=gpus, monotonic=10.5)
+    # Half a second earlier the first MIG device's busy-seconds were 0.3 lower; the second had none yet.
+    first, second = mig.mig_devices
+    earlier = replace(mig, mig_devices=(replace(first, busy_seconds_total=812.2),
+                                        replace(second, busy_seconds_total=None)))
+    previous = make_snapshot(gpus=[gpus[0], gpus[1], earlier, gpus[3]], monotonic=10.0)
+    table = format_snapshot(snapshot, previous=previous).splitlines()
+    header = table[2].split()
+    assert header[-2:] == ["STATE", "POD"]
+    rows = {line.split()[0]: line for line in table[3:9] if not line.startswith(" ")}
+    assert "RESET REQUIRED, up" in rows["0"] and "REPLACE, up" in rows["1"]
+    assert rows["3"].split()[-2] == "LOST"
+    assert table[5].split()[:7] == ["2", "NVIDIA", "H100", "80GB", "HBM3", "-", "-"]  # MIG: no utilization
+    device_rows = table[6:8]
+    assert [row.split()[:6] for row in device_rows] == [  # under their GPU
+        ["MIG", "3g.40gb", "GI", "1", "CI", "0"], ["MIG", "3g.40gb", "GI", "2", "CI", "0"]]
+    # busy share over the half second, SM activity, memory, processes on it, UUID, pods
+    pod = "research/finetune-7/trainer"
+    first_row, second_row = (row.split()[6:] for row in device_rows)
+    assert first_row == ["60%", "62%", "21.0/40", "GiB", "-", "-", "1", "-", mig_uuid(2, 0), pod]
+    assert second_row == ["0%", "0%", "0.0/40", "GiB", "-", "-", "0", "-", mig_uuid(2, 1), "-"]
+    assert table[8].startswith("3 ")
+    # Without the tick before, no busy share.
+    assert format_snapshot(snapshot).splitlines()[6].split()[6] == "-"
+    # JSON: the MIG devices and the health, as Snapshot.to_json gives them.
+    data = json.loads(json.dumps(snapshot.to_json()))
+    assert [g["health"] for g in data["gpus"]] == ["reset_required", "replace", "ok", "lost"]
+    assert [m["uuid"] for m in data["gpus"][2]["mig_devices"]] == [mig_uuid(2, 0), mig_uuid(2, 1)]
+
+
+def test_snapshot_table_of_a_simulated_mig_node() -> None:
+    result = gpuscope("snapshot", "--simulate", "mig")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    devices = [line.split() for line in lines if line.startswith("       MIG ")]
+    assert [d[1] for d in devices] == ["3g.40gb", "2g.20gb", "1g.10gb"]
+    assert devices[2][-1] == "research/notebook-alice/jupyter"
+    assert all(d[6].endswith("%") for d in devices)  # a busy share over the half second

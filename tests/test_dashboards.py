@@ -6,7 +6,8 @@ uses the `datasource` variable; every panel sets a unit; rate() and irate() use 
 `instance=~"$instance"`; every metric is in docs/metrics.md. `promtool check rules` parses every query.
 
 End to end: `gpuscope run` on a simulated node that shows every pattern the panels chart (a busy
-power-capped GPU with an Xid, an input-bound GPU, a shared GPU, a GPU with no job) is scraped by a real
+power-capped GPU with an Xid and a pending row remap, NVLink, an input-bound GPU, a shared GPU, a GPU with no
+job, a GPU in MIG mode) is scraped by a real
 Prometheus (Debian's package, as in test_e2e_prometheus.py); every panel query and annotation, with the
 template variables substituted as Grafana would, must return data. The capture panels need profiler
 captures: a real JAX job (tests/workloads/jax_workload.py, on the CPU) "runs" on GPU 2 under its real
@@ -171,7 +172,7 @@ def test_query_follows_the_linter_rules(query: Query) -> None:
 
 def catalogue() -> set[str]:
     text = (ROOT / "docs" / "metrics.md").read_text()
-    return set(re.findall(r"^\| `([a-z_:]+)` \|", text, flags=re.MULTILINE))
+    return set(re.findall(r"^\| `([a-z0-9_:]+)` \|", text, flags=re.MULTILINE))
 
 
 def test_dashboards_use_only_catalogued_metrics_and_cover_the_node_and_fleet_views() -> None:
@@ -189,10 +190,20 @@ def test_dashboards_use_only_catalogued_metrics_and_cover_the_node_and_fleet_vie
         "gpu_energy_joules_total", "gpu_temperature_celsius", "gpu_sm_clock_hertz", "gpu_clock_event_active",
         "gpu_pcie_tx_bytes_total", "gpu_pcie_rx_bytes_total", "gpu_xid_errors_total",
         "gpu_process_memory_used_bytes", "gpu_process_busy_seconds_total", "gpu_process_energy_joules_total",
-        "gpuscope_alert_firing", "gpuscope_captures_total"}
+        "gpuscope_alert_firing", "gpuscope_captures_total",
+        # hardware health, NVLink, MIG instances, engines
+        "gpu_health", "gpu_remapped_rows_total", "gpu_row_remap_pending", "gpu_row_remap_failed",
+        "gpu_ecc_corrected_errors_total", "gpu_pcie_replays_total", "gpu_pcie_errors_total",
+        "gpu_memory_temperature_celsius", "gpu_clock_throttle_seconds_total",
+        "gpu_nvlink_transmit_bytes_total",
+        "gpu_nvlink_receive_bytes_total", "gpu_nvlink_errors_total", "gpu_nvlink_active_links",
+        "gpu_mig_memory_used_bytes", "gpu_mig_memory_total_bytes", "gpu_mig_busy_seconds_total",
+        "gpu_mig_sm_active_ratio", "gpu_mig_tensor_active_ratio", "gpu_mig_pod_info",
+        "gpu_encoder_utilization_ratio", "gpu_decoder_utilization_ratio", "gpu_fp16_active_ratio",
+        "gpu_fp32_active_ratio", "gpu_fp64_active_ratio"}
     assert used["gpu-fleet"] >= {
         "gpu_busy_seconds_total", "gpu_processes", "gpu_power_watts", "gpu_pod_info", "gpuscope_alert_firing",
-        "gpuscope_captures_total"}
+        "gpuscope_captures_total", "gpu_health", "gpu_clock_throttle_seconds_total"}
     for metric in ("gpu_utilization_ratio", "gpu_sm_active_ratio", "gpu_tensor_active_ratio",
                    "gpu_process_sm_utilization_ratio"):
         assert not any(metric in q.expr for q in QUERIES), f"{metric}: chart the rate of its counter instead"
@@ -220,7 +231,7 @@ def substitute(expr: str, instance: str) -> str:
     """The query as Grafana sends it, with "All" GPUs and the test's job and instance selected."""
     values = {
         "$__rate_interval": RATE_INTERVAL, "$__range": f"{RANGE_SECONDS}s", "$__interval_ms": "1000",
-        "$__interval": "1s", "$job": "gpuscope", "$instance": instance, "$gpu": "(0|1|2|3)",
+        "$__interval": "1s", "$job": "gpuscope", "$instance": instance, "$gpu": "(0|1|2|3|4)",
     }
     for name in sorted(values, key=len, reverse=True):
         expr = expr.replace(name, values[name])
@@ -239,9 +250,10 @@ def test_promtool_parses_every_query(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# GPU 0: busy, power-capped (sw_power_cap), GPM, an Xid 63 at 2 s. GPU 1: input-bound (idle dips).
+# GPU 0: busy, power-capped (sw_power_cap), GPM, an Xid 63 at 2 s and the row remap it recorded pending
+# (gpu_health reset_required), NVLink with replays, a video encoder. GPU 1: input-bound (idle dips), NVLink.
 # GPU 2: shared by two processes; the first is the real JAX job when there is one (see scenario()).
-# GPU 3: no job.
+# GPU 3: no job. GPU 4: MIG mode, a pod's job on one of its two MIG devices.
 SCENARIO = """
 name: dashboards
 duration: 10m
@@ -251,15 +263,26 @@ gpus:
     processes: [{name: train-rank0, spawn: true, memory: 60GiB}]
     xid: [{at: 2s, code: 63}]
     pods: [{namespace: research, pod: llm-pretrain-0, container: trainer}]
+    health: {remapped_rows_uncorrectable: 1, row_remap_pending: true, ecc_corrected: 12, pcie_replays: 3,
+             pcie_errors: {correctable: 5}, encoder: true}
+    nvlink: {links: 18, errors: {replay: 2, crc_flit: 40}}
   - utilization: {pattern: steps, period: 1s, busy_fraction: 0.5, busy_level: 0.97, idle_level: 0.0}
     processes: [{name: train-rank1, spawn: true, memory: 58GiB}]
     pods: [{namespace: research, pod: llm-pretrain-1, container: trainer}]
+    nvlink: {links: 18}
   - utilization: {level: 0.6, noise: 0.03}
     processes:
       - {name: train-rank2, spawn: true, memory: 40GiB, sm_share: 0.8}
       - {name: eval-job, spawn: true, memory: 10GiB, sm_share: 0.2}
     pods: [{namespace: research, pod: llm-pretrain-2, container: trainer}]
   - utilization: 0
+  - mig: enabled
+    mig_devices:
+      - profile: 3g.40gb
+        utilization: {level: 0.5, noise: 0.05}
+        pods: [{namespace: research, pod: eval-mig-0, container: eval}]
+      - profile: 2g.20gb
+    processes: [{name: eval-mig, spawn: true, memory: 12GiB, mig_device: 0}]
 """
 CONFIG = """
 sample_interval: 500ms
@@ -393,7 +416,7 @@ def test_the_variables_list_the_simulated_node(live: Live) -> None:
     assert label_values("job", "gpuscope_build_info") == ["gpuscope"]
     assert label_values("instance", 'gpuscope_build_info{job=~"gpuscope"}') == [live.instance]
     gpus = label_values("gpu", f'gpu_info{{job=~"gpuscope", instance=~"{live.instance}"}}')
-    assert gpus == ["0", "1", "2", "3"]
+    assert gpus == ["0", "1", "2", "3", "4"]
 
 
 @pytest.mark.e2e

@@ -24,6 +24,8 @@ RULES = ROOT / "deploy" / "prometheus" / "gpuscope-rules.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "tests" / "gpuscope-rules.test.yml"
 AGENT_RULES = list(RulesConfig.model_fields)  # the agent's alert names
 OPERATIONAL = ["GpuscopeDown", "GpuscopeNvmlDown", "GpuLost"]
+# PromQL only: the hardware health alerts (docs/alerts.md, "Hardware health").
+HARDWARE = ["GpuRowRemapPending", "GpuRowRemapFailed", "GpuNvlinkErrors", "GpuPcieErrors", "GpuUnhealthy"]
 
 
 def promtool() -> str:
@@ -58,8 +60,8 @@ def test_promtool_test_rules() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_every_agent_rule_and_the_operational_alerts_are_there() -> None:
-    assert list(alerting_rules()) == [*AGENT_RULES, *OPERATIONAL]
+def test_every_agent_rule_and_the_operational_and_hardware_alerts_are_there() -> None:
+    assert list(alerting_rules()) == [*AGENT_RULES, *OPERATIONAL, *HARDWARE]
 
 
 @pytest.mark.parametrize("name", AGENT_RULES)

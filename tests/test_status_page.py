@@ -26,7 +26,7 @@ import pytest
 from agent_process import run_agent
 from pki import make_pki
 from prometheus_client import CollectorRegistry
-from snapshots import FakeSource, make_gpu, make_gpus, make_process, make_snapshot
+from snapshots import FakeSource, make_gpu, make_gpus, make_mig_gpu, make_process, make_snapshot, mig_uuid
 
 from gpuscope.alerts.model import Alert, AlertState, TransitionState
 from gpuscope.capture.model import CaptureRecord, CaptureTarget, TargetOutcome, Trigger
@@ -280,6 +280,29 @@ def test_the_history_is_a_bounded_ring_per_gpu() -> None:
     assert history.series(0, snapshot.gpus[0].uuid).values == ()  # gone from NVML: forgotten
 
 
+def test_the_history_keeps_each_mig_devices_busy_share() -> None:
+    history = UtilizationHistory(points=3)
+    mig = make_mig_gpu(0)
+    first, second = mig.mig_devices
+
+    def tick(t: float, busy: float | None, **overrides: Any) -> None:
+        fields = {"mig_devices": (replace(first, busy_seconds_total=busy), second), **overrides}
+        history.observe(make_snapshot(gpus=[replace(mig, **fields)], monotonic=t))
+
+    tick(0.0, None)  # GPM: nothing yet
+    tick(1.0, 10.0)  # the counter's first reading: no share yet
+    tick(3.0, 11.0)  # 1 s busy over 2 s
+    assert history.series(0, first.uuid).values == (None, None, 0.5)
+    assert history.series(0, mig.uuid).values == (None, None, None)  # the GPU itself: no utilization
+    assert history.series(1, first.uuid).values == ()  # not a device of GPU 1
+    tick(4.0, None, up=False, mig_devices=())  # down: a gap
+    tick(5.0, 12.0)  # back: the share starts again from this reading
+    assert history.series(0, first.uuid).values == (0.5, None, None)
+    history.observe(make_snapshot(gpus=[replace(mig, mig_devices=(second,))], monotonic=6.0))
+    assert history.series(0, first.uuid).values == ()  # destroyed: forgotten
+    assert len(history.series(0, second.uuid).values) == 3
+
+
 def test_before_the_first_tick_and_with_everything_off(tmp_path: Path) -> None:
     with serving(tmp_path, captures=False, alerting=False) as served:
         served.source.snapshot = None
@@ -317,6 +340,69 @@ def test_at_most_ten_recent_captures(tmp_path: Path) -> None:
     newest = sorted(records, key=lambda r: (r.start, r.id), reverse=True)
     assert [c["id"] for c in listing["captures"]] == [r.id for r in newest]
     assert f"newest {RECENT_CAPTURES} of {RECENT_CAPTURES + 2}" in page
+
+
+def mig_alert(name: str, state: AlertState, device: int, summary: str) -> Alert:
+    """An alert on MIG device ``device`` of the MIG GPU 2 (make_mig_gpu), labelled as the rules label it."""
+    labels = {"gpu_instance": str(device + 1), "compute_instance": "0", "mig_profile": "3g.40gb",
+              "mig_uuid": mig_uuid(2, device)}
+    return replace(make_alert(name, 2, state, summary), labels=labels)
+
+
+def test_a_mig_gpu_lists_its_mig_devices_with_their_pods_busy_share_and_alerts(tmp_path: Path) -> None:
+    mig = make_mig_gpu(2)
+    first, second = mig.mig_devices
+    snapshot = make_snapshot(gpus=[make_gpu(0), make_gpu(1), mig], timestamp=time.time())
+    with serving(tmp_path, snapshot=snapshot) as served:
+        served.alerts.current = [
+            mig_alert("GpuHeldIdle", "firing", 1, "GPU 2 MIG instance 3g.40gb (...) was busy 0.0%"),
+            make_alert("GpuXidError", 2, "pending", "GPU 2 reported Xid 48"),
+        ]
+        # Busy-seconds growing 0.5 s a second on the first device, 0.25 on the second.
+        for tick in range(4):
+            devices = (replace(first, busy_seconds_total=100.0 + 0.5 * tick),
+                       replace(second, busy_seconds_total=10.0 + 0.25 * tick))
+            ticked = replace(mig, mig_devices=devices)
+            gpus = (*snapshot.gpus[:2], ticked)
+            served.history.observe(replace(snapshot, gpus=gpus, monotonic=100.0 + tick))
+        page = served.page()
+    rows = re.findall(r'<tr class="(gpu|mig)" id="([^"]+)">(.*?)</tr>', page, re.S)
+    assert [(kind, ident) for kind, ident, _ in rows] == [
+        ("gpu", "gpu-0"), ("gpu", "gpu-1"), ("gpu", "gpu-2"), ("mig", "gpu-2-mig-1-0"),
+        ("mig", "gpu-2-mig-2-0")]
+    gpu2, device_a, device_b = (row for _, _, row in rows[2:])
+    assert "(MIG)" in gpu2 and "GpuXidError" in gpu2 and "GpuHeldIdle" not in gpu2
+    assert f'title="{first.uuid}">&#8627; MIG 3g.40gb</span>' in device_a
+    assert 'title="GPU instance 1, compute instance 0">GI 1 &middot; CI 0</span>' in device_a
+    assert "pod research/finetune-7 (trainer)" in device_a
+    assert ">50%</span>" in device_a and "SM 62%" in device_a  # busy share (latest tick), GPM SM activity
+    assert len(re.findall(r"<polyline", device_a)) == 1
+    assert "21.0 GiB / 39.5 GiB" in device_a
+    assert '<td class="num">1</td>' in device_a  # the process on it
+    assert "GpuHeldIdle" not in device_a
+    assert ">25%</span>" in device_b and "GpuHeldIdle" in device_b and "pod " not in device_b
+    assert '<td class="num">0</td>' in device_b
+    # The alerts table names the MIG device under the GPU; the process, its MIG device and its pod.
+    assert "MIG 3g.40gb</span> " in page and ">GI 2 &middot; CI 0</span></div>" in page
+    (process,) = re.findall(r'<tr class="process">(.*?)</tr>', page, re.S)[-1:]
+    assert "MIG 3g.40gb</span>" in process and ">GI 1 &middot; CI 0</span>" in process
+    assert "finetune-7" in process and "research" in process
+
+
+def test_a_gpu_that_needs_a_reset_or_replacing_or_is_lost_says_so(tmp_path: Path) -> None:
+    gpus = [make_gpu(0), make_gpu(1, row_remap_pending=True), make_gpu(2, row_remap_failed=True,
+                                                                      row_remap_pending=True),
+            make_gpu(3, up=False, processes=())]
+    with serving(tmp_path, snapshot=make_snapshot(gpus=gpus, timestamp=time.time())) as served:
+        page = served.page()
+    rows = dict(re.findall(r'<tr class="gpu" id="gpu-(\d)">(.*?)</tr>', page, re.S))
+    assert 'class="badge health' not in rows["0"]
+    assert ('<span class="badge health reset_required" title="a remapped memory row waits for a GPU '
+            'reset: drain the GPU, then reset it">reset required</span>') in rows["1"]
+    assert ('<span class="badge health replace" title="a memory row could not be remapped: drain the GPU '
+            'and replace it">replace</span>') in rows["2"]
+    assert '<span class="badge down">down</span> <span class="badge health lost"' in rows["3"]
+    assert ">lost</span>" in rows["3"]
 
 
 # -- protection and downloads ---------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The alert engine: feeds the history, evaluates every rule each tick, and owns the alert states.
 
-One state machine per (rule, GPU)::
+One state machine per (rule, GPU), and per (rule, MIG device) for the rules that judge the MIG devices
+of a GPU in MIG mode (``Rule.evaluate_instances``; keyed by ``InstanceKey``)::
 
     inactive --condition true--> pending --true for `for`--> firing --false for `clear_for`--> resolved
                                     |                           ^   |
@@ -20,7 +21,9 @@ GPUs that are down this tick, or missing from the snapshot (NVML itself went awa
 evaluated: their alerts keep their state (a firing alert stays firing, a pending one pending) until
 the GPU is read again. Nothing is known about them, and resolving then re-raising every alert of a
 GPU that blinks out would only be noise; the GPU being down is reported on its own (``gpu_up``).
-Rules that read data a down GPU still has (Xid counts) are evaluated on down GPUs too.
+Rules that read data a down GPU still has (Xid counts) are evaluated on down GPUs too. The alerts on
+the MIG devices of a GPU follow their GPU: kept while it is down; resolved (or gone inactive) once
+the GPU is read again without their condition, a MIG device destroyed included.
 
 ``observe`` runs in the sampler thread; ``alerts`` and ``transition_counts`` may be called from
 any thread.
@@ -35,12 +38,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuscope.alerts.history import NodeHistory, Occupancy
-from gpuscope.alerts.model import Alert, AlertState, Condition, Transition, TransitionState
+from gpuscope.alerts.history import NodeHistory
+from gpuscope.alerts.model import (
+    Alert,
+    AlertKey,
+    AlertState,
+    Condition,
+    InstanceKey,
+    Transition,
+    TransitionState,
+    key_gpu,
+)
 from gpuscope.alerts.rules.base import Rule, slurm_jobs_text
 from gpuscope.common.durations import format_duration
 from gpuscope.health import SourceHealth
-from gpuscope.snapshot import Snapshot
+from gpuscope.snapshot import ProcessReading, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +61,7 @@ TransitionListener = Callable[[Transition], None]
 
 @dataclass(slots=True)
 class _State:
-    """One (rule, GPU) alert that is pending or firing."""
+    """One (rule, GPU) or (rule, MIG device) alert that is pending or firing."""
 
     uuid: str
     state: AlertState
@@ -74,7 +86,7 @@ class AlertEngine:
         windows = [r.window_seconds for r in rules if r.window_seconds is not None and not r.span_window]
         spans = [r.window_seconds for r in rules if r.window_seconds is not None and r.span_window]
         self.history = NodeHistory(max(windows, default=0.0), spans)
-        self._states: dict[str, dict[int, _State]] = {r.name: {} for r in rules}
+        self._states: dict[str, dict[AlertKey, _State]] = {r.name: {} for r in rules}
         self._listeners: list[TransitionListener] = []
         self._lock = threading.Lock()
         self._alerts: list[Alert] = []
@@ -116,7 +128,7 @@ class AlertEngine:
         for rule in self.rules:
             states = self._states[rule.name]
             try:
-                conditions = rule.evaluate(history, frozenset(states))
+                conditions = _evaluate(rule, history, states)
             except Exception:
                 if rule.name not in self._failing:
                     log.exception("alert rule %s failed; its alerts keep their state", rule.name)
@@ -125,17 +137,18 @@ class AlertEngine:
                 continue
             self._failing.discard(rule.name)
             evaluated = history.present if rule.include_down else history.up
-            for gpu, found in conditions.items():
+            for key, found in conditions.items():
+                gpu = key_gpu(key)
                 if gpu not in evaluated:
                     continue
-                condition = _with_slurm_jobs(found, history.occupancy(gpu))
-                state = states.get(gpu)
+                condition = _with_slurm_jobs(found, _processes(history, key))
+                state = states.get(key)
                 if state is None:
                     firing = rule.for_seconds <= 0
-                    state = states[gpu] = _State(
+                    state = states[key] = _State(
                         history.uuid(gpu), "firing" if firing else "pending", now, wall,
                         wall if firing else None, condition)
-                    transitions.append(self._transition(rule, gpu, state, None, state.state))
+                    transitions.append(self._transition(rule, key, state, None, state.state))
                     continue
                 # Labels are an alert's identity downstream (Alertmanager): keep the first ones.
                 state.condition = (condition if condition.labels == state.condition.labels
@@ -144,18 +157,18 @@ class AlertEngine:
                 if state.state == "pending" and now - state.since >= rule.for_seconds - 1e-9:
                     state.state = "firing"
                     state.firing_since = wall
-                    transitions.append(self._transition(rule, gpu, state, "pending", "firing"))
-            for gpu in [g for g in states if g not in conditions and g in evaluated]:
-                state = states[gpu]
+                    transitions.append(self._transition(rule, key, state, "pending", "firing"))
+            for key in [k for k in states if k not in conditions and key_gpu(k) in evaluated]:
+                state = states[key]
                 if state.state == "pending":
-                    del states[gpu]
-                    transitions.append(self._transition(rule, gpu, state, "pending", "inactive"))
+                    del states[key]
+                    transitions.append(self._transition(rule, key, state, "pending", "inactive"))
                     continue
                 if state.false_since is None:
                     state.false_since = now
                 if now - state.false_since >= rule.clear_for_seconds - 1e-9:
-                    del states[gpu]
-                    transitions.append(self._transition(rule, gpu, state, "firing", "resolved"))
+                    del states[key]
+                    transitions.append(self._transition(rule, key, state, "firing", "resolved"))
         self._publish(transitions, now)
         if self._health is not None:
             self._health.record("alerts", success=not failed, duration_seconds=time.perf_counter() - started)
@@ -169,44 +182,75 @@ class AlertEngine:
 
     # ------------------------------------------------------------ internals
 
-    def _transition(self, rule: Rule[Any], gpu: int, state: _State, previous: TransitionState | None,
+    def _transition(self, rule: Rule[Any], key: AlertKey, state: _State, previous: TransitionState | None,
                     to: TransitionState) -> Transition:
         c = state.condition
-        _log_transition(rule, gpu, to, c.summary)
+        _log_transition(rule, key, to, c.summary)
         return Transition(
-            name=rule.name, gpu=gpu, uuid=state.uuid, severity=rule.severity, hostname=self.hostname,
+            name=rule.name, gpu=key_gpu(key), uuid=state.uuid, severity=rule.severity, hostname=self.hostname,
             previous=previous, state=to, at=self._wall, active_since=state.active_since, values=c.values,
             summary=c.summary, labels=c.labels)
 
     def _publish(self, transitions: list[Transition], now: float) -> None:
         alerts = []
         for rule in self.rules:
-            for gpu, s in sorted(self._states[rule.name].items()):
+            for key, s in sorted(self._states[rule.name].items(), key=_order):
                 c = s.condition
                 summary = (c.summary if s.false_since is None
                            else _clearing(rule, now - s.false_since, c.summary))
                 alerts.append(Alert(
-                    name=rule.name, gpu=gpu, uuid=s.uuid, severity=rule.severity, state=s.state,
+                    name=rule.name, gpu=key_gpu(key), uuid=s.uuid, severity=rule.severity, state=s.state,
                     hostname=self.hostname, active_since=s.active_since, firing_since=s.firing_since,
                     values=c.values, summary=summary, labels=c.labels))
         with self._lock:
             self._alerts = alerts
             for t in transitions:
-                key = (t.name, t.state)
-                self._counts[key] = self._counts.get(key, 0) + 1
+                counted = (t.name, t.state)
+                self._counts[counted] = self._counts.get(counted, 0) + 1
 
 
-def _with_slurm_jobs(condition: Condition, occupancy: Occupancy | None) -> Condition:
-    """The condition with the Slurm job steps on its GPU named at the end of its summary, so that an
-    alert on an HPC node says whose job it is about."""
-    jobs = slurm_jobs_text(occupancy.processes) if occupancy is not None else ""
+def _evaluate(rule: Rule[Any], history: NodeHistory, states: Mapping[AlertKey, _State]) -> dict[
+        AlertKey, Condition]:
+    """The rule's conditions this tick, on GPUs and (rules that judge them) on MIG devices."""
+    conditions: dict[AlertKey, Condition] = {}
+    gpus = frozenset([k for k in states if isinstance(k, int)])
+    for gpu, condition in rule.evaluate(history, gpus).items():
+        conditions[gpu] = condition
+    if rule.judges_instances:
+        active = frozenset([k for k in states if isinstance(k, InstanceKey)])
+        for device, condition in rule.evaluate_instances(history, active).items():
+            conditions[device] = condition
+    return conditions
+
+
+def _order(item: tuple[AlertKey, _State]) -> tuple[int, str]:
+    """Alerts in GPU order, each GPU's own before those on its MIG devices."""
+    key = item[0]
+    return (key, "") if isinstance(key, int) else (key.gpu, key.uuid)
+
+
+def _processes(history: NodeHistory, key: AlertKey) -> tuple[ProcessReading, ...]:
+    """The latest known processes on what an alert is on: its GPU, or its MIG device."""
+    if isinstance(key, int):
+        occupancy = history.occupancy(key)
+        return occupancy.processes if occupancy is not None else ()
+    device = history.instances(key.gpu).get(key.uuid)
+    return device.processes if device is not None else ()
+
+
+def _with_slurm_jobs(condition: Condition, processes: tuple[ProcessReading, ...]) -> Condition:
+    """The condition with the Slurm job steps on its GPU (or MIG device) named at the end of its
+    summary, so that an alert on an HPC node says whose job it is about."""
+    jobs = slurm_jobs_text(processes) if processes else ""
     return replace(condition, summary=f"{condition.summary}; {jobs} on it") if jobs else condition
 
 
-def _log_transition(rule: Rule[Any], gpu: int, to: TransitionState, summary: str) -> None:
+def _log_transition(rule: Rule[Any], key: AlertKey, to: TransitionState, summary: str) -> None:
     """One INFO line per transition. A summary names its GPU first ("GPU 1 runs a job ..."); one that
     does not gets the GPU in front. Past a pending or firing state, the summary is the last evidence."""
-    text = summary if summary.startswith(f"GPU {gpu} ") else f"GPU {gpu}: {summary}"
+    gpu = key_gpu(key)
+    where = f"GPU {gpu}" if isinstance(key, int) else f"GPU {gpu} MIG device {key.uuid}"
+    text = summary if summary.startswith(f"GPU {gpu} ") else f"{where}: {summary}"
     if to == "pending":
         log.info("alert %s pending: %s (fires if this holds for %s)", rule.name, text,
                  format_duration(rule.for_seconds))
@@ -215,10 +259,10 @@ def _log_transition(rule: Rule[Any], gpu: int, to: TransitionState, summary: str
     elif to == "resolved":
         cleared = (f"its condition has been false for {format_duration(rule.clear_for_seconds)}"
                    if rule.clear_for_seconds > 0 else "its condition no longer holds")
-        log.info("alert %s resolved on GPU %d: %s (last evidence: %s)", rule.name, gpu, cleared, summary)
+        log.info("alert %s resolved on %s: %s (last evidence: %s)", rule.name, where, cleared, summary)
     else:
-        log.info("alert %s inactive on GPU %d: its condition stopped holding within the %s it must hold "
-                 "to fire (last evidence: %s)", rule.name, gpu, format_duration(rule.for_seconds), summary)
+        log.info("alert %s inactive on %s: its condition stopped holding within the %s it must hold "
+                 "to fire (last evidence: %s)", rule.name, where, format_duration(rule.for_seconds), summary)
 
 
 def _clearing(rule: Rule[Any], false_for: float, summary: str) -> str:

@@ -17,6 +17,12 @@ the window's start. Ten minutes at a 1 s interval are then 60 marks rather than 
 also keeps what such rules read of the present: its latest reading, since when each of its compute
 processes has held it, since when each pod container has been allocated it, and when a process last
 held a context on it (``Occupancy``).
+
+A GPU in MIG mode has no utilization of its own: rules judge each of its MIG devices instead. Each
+point then also carries, per MIG device (by its UUID), the device's busy-seconds counter as read and
+a running count of the points at which a compute process ran on it (``MigPoint``), so a window's or
+span's busy share and job fraction are differences too; and the occupancy keeps the same "who holds
+it since when" per MIG device (``InstanceOccupancy``).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from collections import deque
 from collections.abc import Collection, Iterator, Mapping
 from typing import NamedTuple
 
-from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot
+from gpuscope.snapshot import GpuReading, MigReading, PodContainer, ProcessReading, Snapshot
 
 # Below this fraction of a window covered by history (the agent's first seconds, a GPU just seen),
 # rules do not judge the window: a few seconds of data are no evidence of a trend.
@@ -38,6 +44,19 @@ MARKS_PER_WINDOW = 60  # marks per shortest span window: its start is placed to 
 _NO_XIDS: Mapping[int, int] = {}
 # NVML readings whose failure leaves a tick's process lists unknown (Snapshot.sample_errors keys).
 _PROCESS_READINGS = ("processes", "graphics_processes")
+_MIG_READING = "mig_devices"  # ... and the one whose failure leaves its MIG devices unknown
+
+
+class MigPoint(NamedTuple):
+    """One MIG device at one tick (a point's ``mig`` entry)."""
+
+    busy: float | None  # MigReading.busy_seconds_total as read: cumulative, None before GPM measured it
+    job: bool  # a compute process ran on the device at this tick
+    n_job: int  # points so far at which one did, this one included (counted since the device's
+    # first point in a row: a tick without it starts the count again)
+
+
+_NO_MIG: Mapping[str, MigPoint] = {}
 
 
 class Point(NamedTuple):
@@ -66,14 +85,18 @@ class Point(NamedTuple):
     k: int  # points so far (this one included)
     n_util: int  # points with utilization, with or without a process
     sum_util: float  # ... the sum of their utilization
+    mig: Mapping[str, MigPoint]  # MIG device UUID -> its reading at this tick (MIG mode only)
 
 
-_ZERO = Point(0.0, False, None, None, None, (), _NO_XIDS, None, 0, 0.0, 0, 0.0, 0.0, 0, 0, 0, 0, 0, 0.0)
+_ZERO = Point(0.0, False, None, None, None, (), _NO_XIDS, None, 0, 0.0, 0, 0.0, 0.0, 0, 0, 0, 0, 0, 0.0,
+              _NO_MIG)
 
 
-def point_of(reading: GpuReading, t: float, prev: Point | None, last_dips: int | None) -> Point:
+def point_of(reading: GpuReading, t: float, prev: Point | None, last_dips: int | None,
+             mig_known: bool = True) -> Point:
     """The reading as a Point, its running sums continued from ``prev`` (None: the first point);
-    ``last_dips``: the latest idle-dip counter reading before this one."""
+    ``last_dips``: the latest idle-dip counter reading before this one. ``mig_known`` False: the MIG
+    devices could not be listed this tick, and the previous point's readings of them stand."""
     p = prev or _ZERO
     util = reading.utilization_ratio
     names = tuple([q.name for q in reading.processes if q.kind == "compute"])
@@ -100,7 +123,23 @@ def point_of(reading: GpuReading, t: float, prev: Point | None, last_dips: int |
         sum_util += util
     return Point(t, reading.up, util, sm, reasons, names, reading.xid_errors or _NO_XIDS, dips_total,
                  n_busy, sum_busy, n_sm, sum_sm_util, sum_sm, n_dips, dips,
-                 p.n_reasons + (reasons is not None), p.k + 1, n_util, sum_util)
+                 p.n_reasons + (reasons is not None), p.k + 1, n_util, sum_util,
+                 _mig_points(reading, p.mig) if reading.mig_devices else p.mig if not mig_known else _NO_MIG)
+
+
+def on_device(process: ProcessReading, device: MigReading) -> bool:
+    """The process runs on this MIG device (its GPU and compute instance)."""
+    return process.gpu_instance == device.gpu_instance and process.compute_instance == device.compute_instance
+
+
+def _mig_points(reading: GpuReading, prev: Mapping[str, MigPoint]) -> dict[str, MigPoint]:
+    out = {}
+    compute = [p for p in reading.processes if p.kind == "compute" and p.gpu_instance is not None]
+    for device in reading.mig_devices:
+        job = any(on_device(p, device) for p in compute)
+        before = prev.get(device.uuid)
+        out[device.uuid] = MigPoint(device.busy_seconds_total, job, (before.n_job if before else 0) + job)
+    return out
 
 
 class Window:
@@ -166,6 +205,24 @@ class Window:
             matched = counts[-1] - counts[0] + (first is not None and not reasons.isdisjoint(first))
         return self.last.n_reasons - self._base.n_reasons, matched
 
+    def instance_activity(self, device: InstanceOccupancy) -> tuple[float, float | None]:
+        """(fraction of the window's points at which a compute process ran on the MIG device; the
+        share of the window it was busy, from its busy-seconds counter: None where that covers less
+        than MIN_COVERAGE of the window)."""
+        uuid = device.reading.uuid
+        last = self.last.mig.get(uuid)
+        if last is None:
+            return 0.0, None
+        if self.baseline is not None:
+            base = self.baseline
+            before = base.mig.get(uuid)
+            n0 = before.n_job if before is not None else 0
+        else:  # start-up: from the window's first point, less its own share
+            base = self._deque[self._start]
+            first = base.mig.get(uuid)
+            n0 = first.n_job - first.job if first is not None else 0
+        return (last.n_job - n0) / self.n, _busy_share(base, self.last, device, self.seconds)
+
     def new_xids(self) -> dict[int, int]:
         """Xid code -> events within the window (a count that went down restarted from 0)."""
         last = self.last.xid_errors
@@ -181,10 +238,32 @@ class Window:
         return out
 
 
-def _mean(total: float, n: int) -> float:
+def _mean(total: float, n: float) -> float:
     """A window mean from the difference of two running sums, without the rounding noise of that
     difference (0.3 held for a minute is 0.3, not 0.29999999999999993): 9 decimals of a ratio."""
     return round(total / n, 9)
+
+
+def _busy_share(base: Point, last: Point, device: InstanceOccupancy, seconds: float) -> float | None:
+    """The share of (base, last] the MIG device was busy, from its busy-seconds counter at both ends.
+    Where ``base`` has no reading of it (the device's first ticks, GPM's first sample) the counter's
+    first reading after ``base`` starts it; None when what is left covers less than MIN_COVERAGE of
+    ``seconds`` (or the counter went down: not the same device)."""
+    uuid = device.reading.uuid
+    end = last.mig.get(uuid)
+    if end is None or end.busy is None:
+        return None
+    start = base.mig.get(uuid)
+    if start is not None and start.busy is not None:
+        t0, busy0 = base.t, start.busy
+    elif device.first_busy is not None and device.first_busy[0] >= base.t:
+        t0, busy0 = device.first_busy
+    else:
+        return None
+    covered = last.t - t0
+    if covered <= 0 or covered < MIN_COVERAGE * seconds - 1e-9 or end.busy < busy0:
+        return None
+    return min(1.0, _mean(end.busy - busy0, covered))
 
 
 def _before(p: Point) -> Point:
@@ -219,6 +298,41 @@ class Span:
             return 0.0, None
         return n / self.n, _mean(self.last.sum_util - self._base.sum_util, n)
 
+    def instance_busy(self, device: InstanceOccupancy, seconds: float) -> float | None:
+        """The share of the span the MIG device was busy (its busy-seconds counter from the mark to
+        now); None where that counter covers less than MIN_COVERAGE of ``seconds``."""
+        return _busy_share(self._base, self.last, device, seconds)
+
+
+class InstanceOccupancy:
+    """Who holds one MIG device now and since when (``Occupancy`` of a device): updated in place each
+    tick the device is listed; a tick at which the GPU's MIG devices are not known keeps it."""
+
+    __slots__ = ("first_busy", "first_seen", "last_context", "pods_since", "processes", "reading")
+
+    def __init__(self, t: float, reading: MigReading) -> None:
+        self.first_seen = t
+        self.reading = reading  # the latest reading
+        self.processes: tuple[ProcessReading, ...] = ()  # the latest known processes on the device
+        self.pods_since: dict[PodContainer, float] = {}  # allocated pod container -> first tick seen
+        self.last_context: float | None = None  # last tick with a process on it, or an unknown list
+        self.first_busy: tuple[float, float] | None = None  # (tick, counter) of its first busy-seconds
+
+    def update(self, t: float, reading: MigReading, processes: tuple[ProcessReading, ...] | None) -> None:
+        """``processes``: the GPU's processes this tick, None where the list is not known."""
+        self.reading = reading
+        if reading.pods or self.pods_since:
+            pods = self.pods_since
+            self.pods_since = {pod: pods.get(pod, t) for pod in reading.pods}
+        if self.first_busy is None and reading.busy_seconds_total is not None:
+            self.first_busy = (t, reading.busy_seconds_total)
+        if processes is None:
+            self.last_context = t
+            return
+        on_it = self.processes = tuple([p for p in processes if on_device(p, reading)]) if processes else ()
+        if on_it:
+            self.last_context = t
+
 
 class Occupancy:
     """Who holds one GPU now and since when, as far as the agent has seen: updated in place each tick.
@@ -229,7 +343,8 @@ class Occupancy:
     is never taken for "no process".
     """
 
-    __slots__ = ("first_seen", "held_since", "last_context", "pods_since", "processes", "reading")
+    __slots__ = ("first_seen", "held_since", "instances", "last_context", "pods_since", "processes",
+                 "reading")
 
     def __init__(self, t: float, reading: GpuReading) -> None:
         self.first_seen = t  # the first tick of this GPU (this UUID at this index)
@@ -238,12 +353,16 @@ class Occupancy:
         self.held_since: dict[int, float] = {}  # compute process pid -> first tick it was seen on the GPU
         self.pods_since: dict[PodContainer, float] = {}  # allocated pod container -> first tick seen
         self.last_context: float | None = None  # last tick with a process on the GPU, or an unknown list
+        # MIG mode: its MIG devices by UUID, as last listed.
+        self.instances: dict[str, InstanceOccupancy] = {}
 
-    def update(self, t: float, reading: GpuReading, processes_known: bool) -> None:
+    def update(self, t: float, reading: GpuReading, processes_known: bool, mig_known: bool = True) -> None:
         self.reading = reading
         if reading.pods or self.pods_since:
             pods = self.pods_since
             self.pods_since = {pod: pods.get(pod, t) for pod in reading.pods}
+        if reading.mig_devices or self.instances:
+            self._update_instances(t, reading, processes_known, mig_known)
         if not (reading.up and processes_known):
             self.last_context = t
             return
@@ -253,6 +372,23 @@ class Occupancy:
         held = self.held_since
         if processes or held:
             self.held_since = {p.pid: held.get(p.pid, t) for p in processes if p.kind == "compute"}
+
+    def _update_instances(self, t: float, reading: GpuReading, processes_known: bool,
+                          mig_known: bool) -> None:
+        """The MIG devices listed now replace those listed before; a GPU that is down, or whose
+        devices could not be listed this tick, keeps the ones it had (with an unknown process list)."""
+        known = reading.processes if reading.up and processes_known else None
+        instances = self.instances
+        if not (reading.up and mig_known):
+            for device in instances.values():
+                device.update(t, device.reading, known)
+            return
+        current = {}
+        for mig in reading.mig_devices:
+            device = instances.get(mig.uuid) or InstanceOccupancy(t, mig)
+            device.update(t, mig, known)
+            current[mig.uuid] = device
+        self.instances = current
 
 
 class _GpuHistory:
@@ -272,12 +408,12 @@ class _GpuHistory:
         self.last_dips: int | None = None  # the latest idle-dip counter reading
         self._matches: dict[frozenset[str], deque[int]] = {}
 
-    def append(self, point: Point, reading: GpuReading, processes_known: bool) -> None:
+    def append(self, point: Point, reading: GpuReading, processes_known: bool, mig_known: bool) -> None:
         self.points.append(point)
         marks = self.marks
         if marks.maxlen and (not marks or point.t - marks[-1].t >= self.mark_step - 1e-9):
             marks.append(point)
-        self.occupancy.update(point.t, reading, processes_known)
+        self.occupancy.update(point.t, reading, processes_known, mig_known)
         if point.idle_dips_total is not None:
             self.last_dips = point.idle_dips_total
         if self._matches:
@@ -314,6 +450,7 @@ class NodeHistory:
         self._gpus: dict[int, _GpuHistory] = {}
         self._windows: dict[tuple[int, float, float], Window | None] = {}
         self._process_errors = 0  # failed process listings so far (Snapshot.sample_errors)
+        self._mig_errors = 0  # failed MIG device listings so far
 
     def maxlen(self, interval: float) -> int:
         """Points kept per GPU: the longest window at this interval, plus a small margin."""
@@ -338,6 +475,9 @@ class NodeHistory:
         process_errors = sum([errors.get(r, 0) for r in _PROCESS_READINGS]) if errors else 0
         processes_known = process_errors == self._process_errors  # no process listing failed this tick
         self._process_errors = process_errors
+        mig_errors = errors.get(_MIG_READING, 0) if errors else 0
+        mig_known = mig_errors == self._mig_errors  # no MIG device listing failed this tick
+        self._mig_errors = mig_errors
         gpus = self._gpus
         up = []
         for reading in snapshot.gpus:
@@ -347,8 +487,8 @@ class NodeHistory:
                     reading.uuid, self.maxlen(interval), mark_step=self.mark_step(interval),
                     marks=self.marks(interval), t=t, reading=reading)
             points = history.points
-            history.append(point_of(reading, t, points[-1] if points else None, history.last_dips),
-                           reading, processes_known)
+            history.append(point_of(reading, t, points[-1] if points else None, history.last_dips, mig_known),
+                           reading, processes_known, mig_known)
             if reading.up:
                 up.append(reading.index)
         self.present = frozenset(r.index for r in snapshot.gpus)
@@ -366,6 +506,11 @@ class NodeHistory:
         """Who holds the GPU and since when; None for a GPU never seen."""
         history = self._gpus.get(gpu)
         return history.occupancy if history is not None else None
+
+    def instances(self, gpu: int) -> Mapping[str, InstanceOccupancy]:
+        """The GPU's MIG devices as last listed, by UUID, with who holds each: none off MIG."""
+        history = self._gpus.get(gpu)
+        return history.occupancy.instances if history is not None else {}
 
     def span(self, gpu: int, seconds: float, min_coverage: float = MIN_COVERAGE) -> Span | None:
         """The GPU's totals over the last ``seconds`` (one of ``span_windows``), from the newest mark

@@ -17,6 +17,28 @@ AlertState = Literal["pending", "firing"]
 TransitionState = Literal["pending", "firing", "resolved", "inactive"]
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class InstanceKey:
+    """What a rule judges on one MIG device of a GPU in MIG mode rather than on the whole GPU: its
+    alerts are the rule's alerts on that MIG device, apart from those on the GPU and its other MIG devices."""
+
+    gpu: int  # the parent GPU's index
+    uuid: str  # the MIG device's UUID ("MIG-…"): an instance destroyed and created again is another one
+
+
+# What one alert of a rule is on: a GPU (its index), or one MIG device of a GPU.
+AlertKey = int | InstanceKey
+
+
+def key_gpu(key: AlertKey) -> int:
+    """The GPU an alert is on (the parent GPU of a MIG device)."""
+    return key if isinstance(key, int) else key.gpu
+
+
+# The labels that name the MIG device an alert is on (as the gpu_mig_* series name it).
+MIG_LABELS = ("gpu_instance", "compute_instance", "mig_profile", "mig_uuid")
+
+
 @dataclass(frozen=True, slots=True)
 class Condition:
     """A rule's finding on one GPU at one evaluation: the condition holds, with the evidence."""
@@ -24,7 +46,8 @@ class Condition:
     gpu: int
     values: Mapping[str, float]  # the numbers that made it true, e.g. {"mean_utilization": 0.55}
     summary: str  # one sentence a person can act on, e.g. "GPU 1 mean utilization 55% < 80% over 2m"
-    labels: Mapping[str, str] = field(default_factory=dict)  # extra labels, e.g. {"laggard": "true"}
+    # Extra labels, e.g. {"laggard": "true"}; an alert on a MIG device names it by MIG_LABELS.
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

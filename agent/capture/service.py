@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuscope.alerts.model import Transition
 from gpuscope.capture.model import (
@@ -60,6 +60,7 @@ class CaptureRequest:
     target: str | None = None  # an explicit "host:port" ProfilerService (user requests)
     duration_s: float | None = None
     start_at: float | None = None  # wall clock: fleet captures start together
+    mig_uuid: str | None = None  # an alert on one MIG device of the GPU: the processes on it only
 
 
 class CaptureService:
@@ -97,7 +98,7 @@ class CaptureService:
         if transition.state != "firing":
             return
         self.submit(CaptureRequest(Trigger("alert", alertname=transition.name), gpu=transition.gpu,
-                                   uuid=transition.uuid))
+                                   uuid=transition.uuid, mig_uuid=transition.labels.get("mig_uuid")))
 
     def submit(self, request: CaptureRequest) -> Future[CaptureRecord]:
         """Queue a capture; the future resolves to its record (refused ones included). Never blocks."""
@@ -288,10 +289,10 @@ class CaptureService:
         for gpu in snapshot.gpus:
             if request.uuid:
                 if gpu.uuid == request.uuid:
-                    return gpu
+                    return on_mig_device(gpu, request.mig_uuid)
             elif request.gpu is not None:
                 if gpu.index == request.gpu:
-                    return gpu
+                    return on_mig_device(gpu, request.mig_uuid)
             elif request.pid is not None and any(p.pid == request.pid for p in gpu.processes):
                 return gpu
         return None
@@ -339,6 +340,18 @@ class CaptureService:
         with self._lock:
             key = (trigger, outcome)
             self._counts[key] = self._counts.get(key, 0) + 1
+
+
+def on_mig_device(gpu: GpuReading, mig_uuid: str | None) -> GpuReading:
+    """The GPU with only the processes on its MIG device ``mig_uuid`` (an alert on that device: the
+    other devices' processes are other jobs, often other tenants'); none if the device is gone."""
+    if mig_uuid is None:
+        return gpu
+    device = next((d for d in gpu.mig_devices if d.uuid == mig_uuid), None)
+    processes = () if device is None else tuple(
+        p for p in gpu.processes
+        if p.gpu_instance == device.gpu_instance and p.compute_instance == device.compute_instance)
+    return replace(gpu, processes=processes)
 
 
 def _subject(request: CaptureRequest, gpu: int | None) -> str:

@@ -8,6 +8,11 @@ The agent often runs where nothing outside the node can be reached, so the page 
 external stylesheet, font or image: the CSS is inline and the sparklines are inline SVG. It reloads
 itself every REFRESH_SECONDS with a meta refresh. Every string that comes from outside the agent
 (process, user, pod and GPU names, alert summaries, capture errors) goes through ``html.escape``.
+
+A GPU in MIG mode is followed by one row per MIG device (its profile, GPU and compute instance ids,
+UUID, pods, busy share with its sparkline, SM activity, memory, processes and alerts); the processes on
+a MIG device are listed with that device and its pods. A GPU whose health is not "ok" says so with a
+badge next to its state ("reset required", "replace", "lost").
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 from gpuscope.alerts.model import Alert
 from gpuscope.capture.model import CaptureRecord
 from gpuscope.common.sizes import format_size
-from gpuscope.snapshot import GpuReading, PodContainer, ProcessReading, Snapshot
+from gpuscope.snapshot import GpuReading, MigReading, PodContainer, ProcessReading, Snapshot
 from gpuscope.web.utilization_history import DEFAULT_POINTS, UtilizationSeries
 
 REFRESH_SECONDS = 5
@@ -31,6 +36,13 @@ CAPTURES_PATH = "/api/v1/captures"
 _SPARK_WIDTH, _SPARK_HEIGHT = 120, 28
 _MAX_ERROR_CHARS = 160  # a capture's error on the page (the JSON listing has it whole)
 _NONE = '<span class="muted">&mdash;</span>'
+# A GPU's health other than "ok": its badge's text, and what it means for the operator (its tooltip).
+_HEALTH: dict[str, tuple[str, str]] = {
+    "reset_required": ("reset required", "a remapped memory row waits for a GPU reset: drain the GPU, then "
+                                         "reset it"),
+    "replace": ("replace", "a memory row could not be remapped: drain the GPU and replace it"),
+    "lost": ("lost", "the GPU cannot be read"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +132,7 @@ def _alerts_section(view: StatusView) -> str:
         state = _e(alert.state)
         rows.append(
             f'<tr class="alert {state}"><td><span class="badge {state}">{state}</span></td>'
-            f"<td><b>{_e(alert.name)}</b></td><td class=\"num\">{alert.gpu}</td>"
+            f"<td><b>{_e(alert.name)}</b></td><td class=\"num\">{alert.gpu}{_alert_device(alert)}</td>"
             f'<td>{_e(alert.severity)}</td><td class="nowrap">{_duration(max(0.0, view.now - since))}</td>'
             f"<td>{_e(alert.summary)}</td></tr>")
     firing = sum(1 for a in view.alerts if a.state == "firing")
@@ -132,14 +144,19 @@ def _gpus_section(view: StatusView, snapshot: Snapshot) -> str:
     if not snapshot.gpus:
         return _section("GPUs", '<p class="note muted">NVML lists no GPU.</p>')
     alerts_by_gpu: dict[int, list[Alert]] = {}
+    alerts_by_device: dict[str, list[Alert]] = {}  # the alerts on a MIG device, by its UUID
     for alert in view.alerts or ():
-        alerts_by_gpu.setdefault(alert.gpu, []).append(alert)
+        device = alert.labels.get("mig_uuid")
+        if device:
+            alerts_by_device.setdefault(device, []).append(alert)
+        else:
+            alerts_by_gpu.setdefault(alert.gpu, []).append(alert)
     rows = []
     for gpu in snapshot.gpus:
         series = view.history(gpu.index, gpu.uuid)
         state = '<span class="badge up">up</span>' if gpu.up else '<span class="badge down">down</span>'
-        badges = " ".join(f'<span class="badge {_e(a.state)}" title="{_e(a.summary)}">{_e(a.name)}</span>'
-                          for a in sorted(alerts_by_gpu.get(gpu.index, ()), key=lambda a: a.name))
+        state += _health_badge(gpu.health)
+        badges = _alert_badges(alerts_by_gpu.get(gpu.index, ()))
         if gpu.up:
             cells = (f'<td><div class="util"><span class="num">{_percent(gpu.utilization_ratio)}</span>'
                      f"{_sparkline(series, view.history_points)}</div></td>"
@@ -152,10 +169,76 @@ def _gpus_section(view: StatusView, snapshot: Snapshot) -> str:
         name = f'<span title="{_e(gpu.uuid)} at PCI {_e(gpu.pci_bus_id)}">{_e(gpu.name)}</span>{mig}'
         rows.append(f'<tr class="gpu" id="gpu-{gpu.index}"><td class="num"><b>{gpu.index}</b></td>'
                     f'<td class="nowrap">{name}</td><td>{state}</td>{cells}<td>{badges or _NONE}</td></tr>')
+        if gpu.up:
+            rows += [_mig_row(view, gpu, device, alerts_by_device.get(device.uuid, ()))
+                     for device in gpu.mig_devices]
     span = _history_span(view, snapshot)
     headings = ("GPU", "Name", "State", f"Utilization, {span}", "Memory used / total",
                 "Power / limit", "Temp.", "Proc.", "Alerts")
     return _section("GPUs", _table(headings, rows), "gpus")
+
+
+def _mig_row(view: StatusView, gpu: GpuReading, device: MigReading, alerts: Iterable[Alert]) -> str:
+    """One MIG device of ``gpu``, in the GPUs table under its GPU: profile and ids (its UUID as a
+    tooltip) and the pods allocated it; its busy share (the latest tick's, and the sparkline) and SM
+    activity (GPM); memory; its processes; its alerts."""
+    profile = _e(device.profile or "?")
+    name = (f'<span class="mig-name" title="{_e(device.uuid)}">&#8627; MIG {profile}</span> '
+            f"{_instance_ids(device.gpu_instance, device.compute_instance)}")
+    if device.pods:
+        name += f'<div class="small pods">{_pods_text(device.pods)}</div>'
+    series = view.history(gpu.index, device.uuid)
+    latest = series.values[-1] if series.values else None
+    sm = (f' <span class="muted small nowrap">SM {_percent(device.sm_active_ratio)}</span>'
+          if device.sm_active_ratio is not None else "")
+    busy = (f'<div class="util"><span class="num" title="busy share (GPM graphics activity)">'
+            f"{_percent(latest)}</span>{_sparkline(series, view.history_points)}{sm}</div>")
+    on_it = sum(1 for p in gpu.processes if _on_device(p, device))
+    badges = _alert_badges(alerts)
+    return (f'<tr class="mig" id="gpu-{gpu.index}-mig-{device.gpu_instance}-{device.compute_instance}">'
+            f'<td></td><td class="nowrap">{name}</td><td></td><td>{busy}</td>'
+            f'<td class="num">{_used_of(device.memory_used_bytes, device.memory_total_bytes)}</td>'
+            f'<td class="num">{_NONE}</td><td class="num">{_NONE}</td><td class="num">{on_it}</td>'
+            f"<td>{badges or _NONE}</td></tr>")
+
+
+def _pods_text(pods: Iterable[PodContainer]) -> str:
+    """Pod containers on one line, escaped: "pod research/finetune-7 (trainer)"."""
+    named = [f"{_e(p.namespace)}/{_e(p.pod)} ({_e(p.container)})" for p in sorted(pods)]
+    return f"pod{'s' if len(named) > 1 else ''} {', '.join(named)}"
+
+
+def _on_device(process: ProcessReading, device: MigReading) -> bool:
+    return process.gpu_instance == device.gpu_instance and process.compute_instance == device.compute_instance
+
+
+def _alert_badges(alerts: Iterable[Alert]) -> str:
+    return " ".join(f'<span class="badge {_e(a.state)}" title="{_e(a.summary)}">{_e(a.name)}</span>'
+                    for a in sorted(alerts, key=lambda a: a.name))
+
+
+def _alert_device(alert: Alert) -> str:
+    """The MIG device an alert is on, under its GPU in the alerts table ("" for an alert on a GPU)."""
+    labels = alert.labels
+    if not labels.get("mig_uuid"):
+        return ""
+    ids = _instance_ids(labels.get("gpu_instance", "?"), labels.get("compute_instance", "?"))
+    return (f'<div class="muted small nowrap"><span title="{_e(labels["mig_uuid"])}">MIG '
+            f'{_e(labels.get("mig_profile") or "?")}</span> {ids}</div>')
+
+
+def _instance_ids(gpu_instance: int | str, compute_instance: int | str) -> str:
+    """A MIG device's ids, short, with their names as a tooltip: "GI 1 · CI 0"."""
+    gi, ci = _e(str(gpu_instance)), _e(str(compute_instance))
+    return (f'<span class="muted small nowrap" title="GPU instance {gi}, compute instance {ci}">'
+            f"GI {gi} &middot; CI {ci}</span>")
+
+
+def _health_badge(health: str) -> str:
+    if health not in _HEALTH:
+        return ""
+    text, meaning = _HEALTH[health]
+    return f' <span class="badge health {health}" title="{_e(meaning)}">{text}</span>'
 
 
 def _processes_section(view: StatusView, snapshot: Snapshot) -> str:
@@ -173,7 +256,9 @@ def _processes_section(view: StatusView, snapshot: Snapshot) -> str:
             if process.pid in seen:
                 continue
             seen.add(process.pid)
-            rows.append(_process_row(view, gpu, process, pod, show_jobs))
+            device = _device_of(gpu, process)
+            cells = _pod_cells(device.pods) if device is not None else pod
+            rows.append(_process_row(view, gpu, process, cells, show_jobs=show_jobs, device=device))
     if not rows:
         return _section("Processes", '<p class="note muted">No process holds a GPU.</p>')
     headings = ["GPU", "PID", "Process"]
@@ -185,13 +270,25 @@ def _processes_section(view: StatusView, snapshot: Snapshot) -> str:
     return _section("Processes", _table(headings, rows), "processes")
 
 
+def _device_of(gpu: GpuReading, process: ProcessReading) -> MigReading | None:
+    """The MIG device a process runs on; None off MIG."""
+    if process.gpu_instance is None or not gpu.mig_devices:
+        return None
+    return next((d for d in gpu.mig_devices if _on_device(process, d)), None)
+
+
 def _process_row(view: StatusView, gpu: GpuReading, process: ProcessReading,
-                 pod: tuple[str, str, str], show_jobs: bool) -> str:
+                 pod: tuple[str, str, str], *, show_jobs: bool, device: MigReading | None = None) -> str:
     if process.host_visible:
         name = _e(process.name) if process.name else _NONE
     else:
         name = '<span class="muted">not visible from the host</span>'
-    cells = [f'<td class="num">{gpu.index}</td>', f'<td class="num">{process.pid}</td>',
+    where = str(gpu.index)
+    if device is not None:  # its MIG device, as the GPUs table shows it
+        profile = _e(device.profile or "?")
+        where += (f' <span class="muted small nowrap" title="{_e(device.uuid)}">MIG {profile}</span> '
+                  f"{_instance_ids(device.gpu_instance, device.compute_instance)}")
+    cells = [f'<td class="num">{where}</td>', f'<td class="num">{process.pid}</td>',
              f'<td class="pname">{name}</td>']
     if view.include_users:
         cells.append(f"<td>{_e(process.user) if process.user and process.host_visible else _NONE}</td>")
@@ -328,7 +425,10 @@ def _trigger(record: CaptureRecord) -> str:
 
 
 def _memory(gpu: GpuReading) -> str:
-    used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
+    return _used_of(gpu.memory_used_bytes, gpu.memory_total_bytes)
+
+
+def _used_of(used: int | None, total: int | None) -> str:
     if used is None:
         return _NONE
     text = f"{format_size(used)} / {format_size(total)}" if total else format_size(used)
@@ -408,6 +508,11 @@ tr.alert.firing td{background:#fff5f5}
 .badge.firing,.badge.down{background:#dc2626;color:#fff}
 .badge.pending{background:#fcd34d;color:#422006}
 .badge.up{background:#16a34a;color:#fff}
+.badge.health.reset_required{background:#f59e0b;color:#422006}
+.badge.health.replace,.badge.health.lost{background:#7f1d1d;color:#fff}
+tr.mig td{background:#fafbfc;border-bottom-color:#f3f4f6}
+tr.mig .mig-name{padding-left:10px;font-weight:600}
+tr.mig .pods{padding-left:24px;color:#374151}
 .outcome{font-weight:600}
 .outcome.captured{color:#15803d}
 .outcome.failed,.outcome.unreachable,.outcome.exited{color:#b91c1c}

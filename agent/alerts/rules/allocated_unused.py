@@ -3,6 +3,11 @@
 A pod that requested a GPU it never opens (a CPU-only step of a pipeline, a wrong device index, a
 container that crashed before CUDA started and waits to be restarted): the scheduler counts the GPU
 as taken, so nothing else can have it, and no process holds a context on it.
+
+On a GPU in MIG mode the kubelet allocates MIG devices, not the GPU: each MIG device is judged the same
+way, by the pods allocated it and the processes on it (their GPU and compute instance). Where GPM
+measures the device (Hopper and newer), one it saw busy during the window is not unused either (a
+process the agent's listing missed).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from gpuscope.alerts.history import NodeHistory
-from gpuscope.alerts.model import Condition
+from gpuscope.alerts.model import Condition, InstanceKey
 from gpuscope.alerts.rules.base import (
     ForDuration,
     Rule,
@@ -19,6 +24,8 @@ from gpuscope.alerts.rules.base import (
     clear_for_field,
     elapsed_text,
     for_field,
+    instance_labels,
+    instance_text,
     pods_text,
     window_field,
 )
@@ -37,6 +44,7 @@ class AllocatedUnusedRule(Rule[AllocatedUnusedConfig]):
     # Reads the occupancy only: no per-tick ring. (Its window joins the span windows that space the
     # marks; at the defaults it is GpuHeldIdle's 10m.)
     span_window: ClassVar[bool] = True
+    judges_instances: ClassVar[bool] = True
 
     def evaluate(self, history: NodeHistory, active: frozenset[int]) -> dict[int, Condition]:
         start = history.now - self.config.window + 1e-9  # the window is (now - window, now]
@@ -58,4 +66,30 @@ class AllocatedUnusedRule(Rule[AllocatedUnusedConfig]):
                 gpu, {"unused_seconds": unused, "pods": float(len(pods))},
                 f"GPU {gpu} is allocated to {pods_text(pods)}, but no process has held a context on it "
                 f"for {elapsed_text(unused)}")
+        return out
+
+    def evaluate_instances(self, history: NodeHistory,
+                           active: frozenset[InstanceKey]) -> dict[InstanceKey, Condition]:
+        window = self.config.window
+        start = history.now - window + 1e-9
+        out = {}
+        for gpu, device in self._instances(history):
+            if not device.pods_since:
+                continue
+            last = device.last_context
+            if last is not None and last > start:
+                continue  # a process held a context on it within the window (or the agent could not tell)
+            pods = [pod for pod, since in device.pods_since.items() if since <= start]
+            if not pods:
+                continue
+            span = history.span(gpu, window)
+            share = span.instance_busy(device, window) if span is not None else None
+            if share:
+                continue  # GPM saw it busy: a process the listing did not show
+            unused = history.now - (last if last is not None else device.first_seen)
+            mig = device.reading
+            out[InstanceKey(gpu, mig.uuid)] = Condition(
+                gpu, {"unused_seconds": unused, "pods": float(len(pods))},
+                f"{instance_text(gpu, mig)} is allocated to {pods_text(pods)}, but no process has held a "
+                f"context on it for {elapsed_text(unused)}", instance_labels(mig))
         return out

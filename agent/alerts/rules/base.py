@@ -13,6 +13,13 @@ least 80 % of it (so a job's first minutes, or the minutes after it ended, are n
 
 A rule's defaults are stated once, in its configuration model; the rule reads them from there.
 
+A GPU in MIG mode has no utilization of its own (NVML keeps none per MIG device): the rules that
+judge utilization, and those that judge who holds a GPU, judge each of its MIG devices instead
+(``evaluate_instances``), by the device's busy share from its busy-seconds counter (GPM), its memory
+and its pods. Such an alert is keyed by ``InstanceKey`` (one per MIG device, apart from the GPU's),
+carries the labels that name the device (``instance_labels``) and says so in its summary
+("GPU 2 MIG instance 3g.40gb (GPU instance 1, compute instance 0) was busy ...").
+
 A summary starts with "GPU <n> " (the engine's log line relies on it) and is true of the numbers it
 shows in every state: past the threshold it says so ("62.0% over 2m (below 80%)"); held by the
 hysteresis it says that the alert holds, and until when ("84.9% ...: no longer below 80%, but the
@@ -28,11 +35,11 @@ from typing import Annotated, Any, ClassVar, Generic, TypeVar
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
-from gpuscope.alerts.history import NodeHistory, Window
-from gpuscope.alerts.model import Condition, Severity
+from gpuscope.alerts.history import InstanceOccupancy, NodeHistory, Window
+from gpuscope.alerts.model import Condition, InstanceKey, Severity
 from gpuscope.common.config_types import Section
 from gpuscope.common.durations import format_duration, parse_duration
-from gpuscope.snapshot import PodContainer, ProcessReading
+from gpuscope.snapshot import MigReading, PodContainer, ProcessReading
 
 BUSY_FRACTION = 0.8  # a window "has a job" when a compute process ran during this much of it
 MAX_WINDOW_SECONDS = 3600.0  # bounds the history kept per GPU
@@ -158,6 +165,20 @@ def pods_text(pods: Iterable[PodContainer]) -> str:
     return f"pod{'s' if len(named) > 1 else ''} {listing(named)}"
 
 
+def instance_text(gpu: int, device: MigReading) -> str:
+    """A MIG device as a summary names it, first: "GPU 2 MIG instance 3g.40gb (GPU instance 1, compute
+    instance 0)"."""
+    return (f"GPU {gpu} MIG instance {device.profile or '?'} (GPU instance {device.gpu_instance}, "
+            f"compute instance {device.compute_instance})")
+
+
+def instance_labels(device: MigReading) -> dict[str, str]:
+    """The labels of an alert on a MIG device (MIG_LABELS): its GPU and compute instance, profile and
+    UUID, as the gpu_mig_* series name it."""
+    return {"gpu_instance": str(device.gpu_instance), "compute_instance": str(device.compute_instance),
+            "mig_profile": device.profile, "mig_uuid": device.uuid}
+
+
 def slurm_jobs_text(processes: Iterable[ProcessReading]) -> str:
     """The Slurm job steps of ``processes`` as a summary names them, in Slurm's own notation:
     "Slurm job 4242.0 (user alice)", "Slurm jobs 4242.0 (user alice) and 4243.batch"; "" outside Slurm."""
@@ -215,8 +236,17 @@ class Rule(Generic[ConfigT]):
         config: Any = cls.config_model.model_validate(values)
         return cls(config)
 
+    # Also judges the MIG devices of GPUs in MIG mode (evaluate_instances).
+    judges_instances: ClassVar[bool] = False
+
     def evaluate(self, history: NodeHistory, active: frozenset[int]) -> dict[int, Condition]:
         raise NotImplementedError
+
+    def evaluate_instances(self, history: NodeHistory,
+                           active: frozenset[InstanceKey]) -> dict[InstanceKey, Condition]:
+        """The MIG devices where the condition holds (``judges_instances`` rules); ``active``: those
+        where the rule is pending or firing. The GPUs themselves are ``evaluate``'s."""
+        return {}
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Rule) and type(other) is type(self) and other.config == self.config
@@ -240,6 +270,13 @@ class Rule(Generic[ConfigT]):
             fraction, mean = window.busy_utilization()
             if mean is not None and fraction >= BUSY_FRACTION:
                 yield gpu, window, mean
+
+    def _instances(self, history: NodeHistory) -> Iterable[tuple[int, InstanceOccupancy]]:
+        """(gpu, MIG device) for the MIG devices of the GPUs up now, in GPU and device index order."""
+        for gpu in sorted(history.up):
+            devices = history.instances(gpu)
+            if devices:
+                yield from ((gpu, d) for d in sorted(devices.values(), key=lambda d: d.reading.index))
 
     @property
     def _over(self) -> str:

@@ -2,6 +2,11 @@
 
 The notebook kernel left open after its last cell, the crashed job's survivor, the debugging
 session nobody closed: the GPU is taken (its memory is held, so nothing else fits), and idle.
+
+On a GPU in MIG mode (no utilization of its own), each MIG device is judged instead: one with at
+least ``min_memory`` of its memory in use, a compute process on it for the whole window, and a busy
+share over the window (its busy-seconds counter, from GPM's graphics activity) below the threshold.
+A device GPM does not measure (before Hopper, or its first seconds) is not judged.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 
 from gpuscope.alerts.history import MIN_COVERAGE, NodeHistory
-from gpuscope.alerts.model import Condition
+from gpuscope.alerts.model import Condition, InstanceKey
 from gpuscope.alerts.rules.base import (
     ForDuration,
     Rule,
@@ -21,6 +26,8 @@ from gpuscope.alerts.rules.base import (
     clear_for_field,
     elapsed_text,
     for_field,
+    instance_labels,
+    instance_text,
     listing,
     percent,
     percent_bound,
@@ -53,6 +60,7 @@ class HeldIdleRule(Rule[HeldIdleConfig]):
     config_model: ClassVar[type[HeldIdleConfig]] = HeldIdleConfig
     captures_by_default: ClassVar[bool] = False  # an idle GPU has nothing to trace
     span_window: ClassVar[bool] = True
+    judges_instances: ClassVar[bool] = True
 
     def evaluate(self, history: NodeHistory, active: frozenset[int]) -> dict[int, Condition]:
         config = self.config
@@ -89,6 +97,61 @@ class HeldIdleRule(Rule[HeldIdleConfig]):
                                   occupancy.reading.pods))
         return out
 
+    def evaluate_instances(self, history: NodeHistory,
+                           active: frozenset[InstanceKey]) -> dict[InstanceKey, Condition]:
+        config = self.config
+        window = config.window
+        threshold = config.threshold
+        release = band_edge(threshold, config.hysteresis)
+        now = history.now
+        out = {}
+        for gpu, device in self._instances(history):
+            occupancy = history.occupancy(gpu)
+            if occupancy is None or not device.processes:
+                continue  # a free MIG device
+            since = occupancy.held_since
+            # Holders: compute processes on the device, there for the whole window.
+            holders = [p for p in device.processes
+                       if p.kind == "compute" and now - since.get(p.pid, now) >= window - 1e-9]
+            if not holders:
+                continue
+            mig = device.reading
+            # The device's own memory in use (NVML may not say per process on MIG).
+            held = (mig.memory_used_bytes if mig.memory_used_bytes is not None
+                    else sum(p.memory_used_bytes or 0 for p in holders))
+            if held < config.min_memory:
+                continue
+            span = history.span(gpu, window)
+            if span is None or span.last.utilization is not None:
+                continue  # too early; or the GPU has utilization of its own, judged by evaluate
+            share = span.instance_busy(device, window)
+            if share is None:
+                continue  # not measured (no GPM) for most of the window
+            key = InstanceKey(gpu, mig.uuid)
+            if share >= (release if key in active else threshold):
+                continue
+            holders.sort(key=lambda p: (-(p.memory_used_bytes or 0), p.pid))
+            who = listing([_holder(p, now - since[p.pid]) for p in holders], more="more processes")
+            out[key] = Condition(
+                gpu, {"mean_utilization": share, "threshold": threshold, "memory_held_bytes": float(held),
+                      "holding_processes": float(len(holders))},
+                self._instance_summary(instance_text(gpu, mig), share, release, who, held=held,
+                                       pods=mig.pods),
+                instance_labels(mig))
+        return out
+
+    def _instance_summary(self, where: str, share: float, release: float, who: str, *, held: int,
+                          pods: tuple[PodContainer, ...]) -> str:
+        threshold = self.config.threshold
+        allocated = f"; the kubelet allocated it to {pods_text(pods)}" if pods else ""
+        memory = f"{format_size(held)} of its memory in use"
+        if share < threshold:
+            return (f"{where} was busy {percent(share, threshold)} of the last {self._over} (below "
+                    f"{percent_bound(threshold)}) but is held by {who}, {memory}{allocated}")
+        return (f"{where} was busy {percent(share, threshold, release)} of the last {self._over} and is "
+                f"held by {who}, {memory}: no longer below {percent_bound(threshold)}, but the alert holds "
+                f"until it reaches {percent_bound(release)}{allocated}")
+
     def _summary(self, gpu: int, mean: float, release: float, holders: list[str],
                  pods: tuple[PodContainer, ...]) -> str:
         threshold = self.config.threshold
@@ -109,6 +172,8 @@ def _holder(process: ProcessReading, seconds: float) -> str:
     facts = [f"pid {process.pid}"]
     if process.user:
         facts.append(f"user {process.user}")
-    facts += [format_size(process.memory_used_bytes or 0), f"on it for {elapsed_text(seconds)}"]
+    if process.memory_used_bytes is not None:  # always, but on a MIG device where NVML may not say
+        facts.append(format_size(process.memory_used_bytes))
+    facts.append(f"on it for {elapsed_text(seconds)}")
     name = process.name or "a process the host cannot see"
     return f"{name} ({', '.join(facts)})"
