@@ -162,6 +162,7 @@ def record(library: Any, reads: int, interval: float, clock: Callable[[], float]
         "nvidia_ml_py": metadata.version("nvidia-ml-py"),
         "driver_version": driver,
         "read_interval_s": interval,
+        "health_readings": True,  # each read took the health and throttle readings too
         "xid_wait_200ms_took_s": xid_wait_s,
         "devices": [dataclasses.asdict(device.identity) for device in devices],
         "nvidia_smi": {

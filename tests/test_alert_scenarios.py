@@ -206,7 +206,8 @@ def test_the_demo_node_shows_every_rule() -> None:
 
 # Their windows and `for` shortened by configuration, so that 10 simulated minutes are ten windows.
 SHORT = RulesConfig.model_validate({name: {"window": "1m", "for": "10s"} for name in IDLE_RULES})
-WORKING = sorted(set(bundled_scenarios()) - {c.scenario for c in CASES if c.rule in IDLE_RULES})
+# The mig scenario holds one MIG device idle on purpose (test_the_mig_node_alerts_on_its_mig_devices).
+WORKING = sorted(set(bundled_scenarios()) - {c.scenario for c in CASES if c.rule in IDLE_RULES} - {"mig"})
 
 
 @pytest.mark.parametrize("scenario", WORKING)
@@ -230,6 +231,27 @@ def test_held_idle_fires_with_a_short_window_and_names_the_notebook_and_its_pod(
     assert "of the last 1m (below 5%) but is held by ipykernel (pid " in summary
     assert ", 12.0 GiB, on it for 1m)" in summary
     assert summary.endswith("; the kubelet allocated it to pod research/notebook-alice (container notebook)")
+
+
+def test_the_mig_node_alerts_on_its_mig_devices() -> None:
+    """The mig scenario's GPU 0 has no utilization of its own: its MIG devices are judged. The 1g.10gb
+    one is held idle by its notebook pod; the 2g.20gb one works at 40 %; the 3g.40gb one at 85 %. Each
+    device has its process: none is allocated unused, and none is shared."""
+    with Run("mig", SHORT) as r:
+        r.until(200)
+    alerts = {(a.name, a.labels.get("mig_profile")): a for a in r.engine.alerts()}
+    assert set(alerts) == {("GpuHeldIdle", "1g.10gb"), ("GpuLowUtilization", "1g.10gb"),
+                           ("GpuLowUtilization", "2g.20gb")}
+    held = alerts["GpuHeldIdle", "1g.10gb"]
+    assert (held.gpu, held.state, held.labels["gpu_instance"], held.labels["compute_instance"]) == (
+        0, "firing", "3", "0")
+    assert held.labels["mig_uuid"].startswith("MIG-") and held.uuid.startswith("GPU-")
+    assert held.summary.startswith("GPU 0 MIG instance 1g.10gb (GPU instance 3, compute instance 0) was busy "
+                                   "0.0% of the last 1m (below 5%) but is held by notebook (pid ")
+    assert held.summary.endswith(", 4.0 GiB of its memory in use; the kubelet allocated it to pod "
+                                 "research/notebook-alice (container jupyter)")
+    assert alerts["GpuLowUtilization", "2g.20gb"].values["mean_utilization"] == pytest.approx(0.4, abs=0.05)
+    assert {t.gpu for _, t in r.transitions} == {0}
 
 
 def test_allocated_unused_names_the_pod_and_a_late_start_is_not_unused() -> None:

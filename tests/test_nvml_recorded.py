@@ -30,6 +30,7 @@ from gpuscope.simulate import Simulation
 from gpuscope.simulate.loader import parse_scenario
 
 MIB = 1 << 20
+_GPM_FP_PIPES = ("fp16_active_ratio", "fp32_active_ratio", "fp64_active_ratio")
 
 
 @dataclasses.dataclass
@@ -49,13 +50,15 @@ def replay_recording(recording: dict[str, Any]) -> Iterator[Replayed]:
     library = ReplayLibrary(recording)
     install(library)
     now = [0.0]
+    # The H200 recordings predate the health and throttle readings: a replay asks what was asked then.
+    health = recording.get("health_readings", False)
     try:
         nvml = Nvml(clock=lambda: now[0])
         nvml.init()
         devices = nvml.devices()
         readings = []
         for _ in recording["readings"]:
-            readings.append([nvml.read(device) for device in devices])
+            readings.append([nvml.read(device, health=health, throttle=health) for device in devices])
             now[0] += recording["read_interval_s"]
         yield Replayed(recording, library, nvml, devices, readings)
         nvml.shutdown()
@@ -79,6 +82,16 @@ def smi_gpu(recording: dict[str, Any]) -> dict[str, str]:
                     strict=True))
 
 
+def _keys_of(value: Any, recorded: Any) -> Any:
+    """``value`` with only the dictionary keys that ``recorded`` has, at every depth (a recording
+    made before a field existed, such as a process's gpu_instance, does not hold it)."""
+    if isinstance(value, dict) and isinstance(recorded, dict):
+        return {k: _keys_of(v, recorded[k]) for k, v in value.items() if k in recorded}
+    if isinstance(value, list) and isinstance(recorded, list) and len(value) == len(recorded):
+        return [_keys_of(v, r) for v, r in zip(value, recorded, strict=True)]
+    return value
+
+
 def check_replays_as_recorded(recording: dict[str, Any]) -> None:
     for run in replay_recording(recording):
         assert run.library.unmatched == []
@@ -90,7 +103,12 @@ def check_replays_as_recorded(recording: dict[str, Any]) -> None:
                 decoded = json.loads(json.dumps(dataclasses.asdict(reading)))
                 decoded.pop("gpm_interval_seconds")
                 expected = {k: v for k, v in as_recorded.items() if k != "gpm_interval_seconds"}
-                assert decoded == expected
+                assert _keys_of(decoded, expected) == expected
+                # Readings newer than the recording: their functions were never answered, so absent. (The
+                # FP pipes come with GPM's other metrics in one request, whose recorded answer held four
+                # metrics: the replay's copy of it has zeros, with success, past them.)
+                newer = {k: v for k, v in decoded.items() if k not in expected and k not in _GPM_FP_PIPES}
+                assert all(v in (None, []) for v in newer.values()), newer
 
 
 @pytest.mark.parametrize("name", ["h200_idle", "h200_busy"])

@@ -61,8 +61,8 @@ def test_default_labels_are_every_label_and_one_series_per_process() -> None:
     memory = series["gpu_process_memory_used_bytes"]
     assert len(memory) == 2
     assert {dict(labels)["pid"] for labels in memory} == {"101", "102"}
-    assert set(dict(next(iter(memory)))) == {"gpu", "uuid", "pid", "process", "user", "container_id",
-                                             "pod", "namespace", "container"}
+    assert set(dict(next(iter(memory)))) == {"gpu", "uuid", "gpu_instance", "pid", "process", "user",
+                                             "container_id", "pod", "namespace", "container"}
 
 
 def test_labels_leave_the_unlisted_ones_out_and_sum_the_processes_that_share_the_rest() -> None:
@@ -71,7 +71,7 @@ def test_labels_leave_the_unlisted_ones_out_and_sum_the_processes_that_share_the
     series = scrape(SnapshotCollector(node.source(), process_labels=["pod", "namespace", "container"]))
     memory = series["gpu_process_memory_used_bytes"]
     (labels,) = memory
-    assert dict(labels) == {"gpu": "0", "uuid": make_gpu(0).uuid, "pod": "trainer-0",
+    assert dict(labels) == {"gpu": "0", "uuid": make_gpu(0).uuid, "gpu_instance": "", "pod": "trainer-0",
                             "namespace": "research", "container": "main"}
     assert memory[labels] == 9 * GIB
     assert only(series["gpu_process_busy_seconds_total"]) == 60
@@ -191,7 +191,7 @@ def test_the_running_agent_exports_only_the_listed_labels(tmp_path: Path) -> Non
     memory = families["gpu_process_memory_used_bytes"].samples
     assert memory, "the demo node has GPU processes"
     for sample in memory:
-        assert set(sample.labels) == {"gpu", "uuid", "process", "container_id"}
+        assert set(sample.labels) == {"gpu", "uuid", "gpu_instance", "process", "container_id"}
     kept: dict[str, float] = {}
     for sample in families["gpu_process_info"].samples:
         kept[sample.labels["gpu"]] = kept.get(sample.labels["gpu"], 0) + sample.value

@@ -153,7 +153,8 @@ def openmetrics() -> Iterator[str]:
 
     def proc_labels(p: Proc) -> dict[str, str]:
         uuid = next(u for n, g, u in GPUS if (n, g) == (p.node, p.gpu))
-        return {"instance": p.node, "job": "gpuscope", "gpu": str(p.gpu), "uuid": uuid, "pid": str(p.pid),
+        return {"instance": p.node, "job": "gpuscope", "gpu": str(p.gpu), "uuid": uuid, "gpu_instance": "",
+                "pid": str(p.pid),
                 "process": "python3", "user": p.user, "container_id": f"c{p.pid}", "pod": p.pod,
                 "namespace": p.namespace, "container": "main" if p.pod else ""}
 

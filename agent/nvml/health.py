@@ -18,6 +18,7 @@ import pynvml
 
 from gpuscope.nvml.decoding import field_values
 from gpuscope.nvml.device import NvmlDevice
+from gpuscope.nvml.errors import GpuLostError, describe
 
 Query = Callable[..., Any]  # Nvml.query
 
@@ -146,7 +147,9 @@ def _probe_links(handle: Any) -> int:
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
         try:
             pynvml.nvmlDeviceGetNvLinkState(handle, link)
-        except pynvml.NVMLError:
+        except pynvml.NVMLError as err:
+            if err.value in (pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED):
+                raise GpuLostError(describe(err)) from err  # not "no links": asked again once it is back
             break
         links += 1
     return links

@@ -118,6 +118,8 @@ class KinetoBackend:
                 return BackendResult("unreachable", error=f"pid {pid} did not poll the Kineto daemon "
                                                           f"within the deadline ({deadline_s:g} s)")
             if not process_alive(pid):
+                if trace.event.is_set():
+                    break  # it took the config between the wait and this check, then exited: judged below
                 return BackendResult("exited", error=f"pid {pid} exited before it took the trace config, "
                                                      f"{time.monotonic() - requested:.1f} s after the "
                                                      "capture was asked for")
