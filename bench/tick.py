@@ -49,6 +49,7 @@ import pynvml
 
 import gpuscope
 import gpuscope.simulate
+from gpuscope.config import NvmlConfig
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml.boundary import Nvml
 from gpuscope.sampling.sampler import Sampler
@@ -125,7 +126,12 @@ def running(scenario: str, interval: float, clock: Callable[[], float] | None = 
     sim = Simulation(load_scenario(scenario), clock=clock)
     sim.install()
     timing: dict[str, Any] = {} if clock is None else {"clock": clock}
-    sampler = Sampler(Nvml(**timing), ProcessInspector(), interval_seconds=interval, **timing)
+    # The health and throttle readings on the agent's own intervals (nvml.health_interval,
+    # nvml.throttle_interval); the energy counter and the utilization samples every tick.
+    defaults = NvmlConfig()
+    sampler = Sampler(Nvml(**timing), ProcessInspector(), interval_seconds=interval,
+                      health_interval_seconds=defaults.health_interval,
+                      throttle_interval_seconds=defaults.throttle_interval, **timing)
     try:
         yield sampler
     finally:
