@@ -6,6 +6,7 @@ profiles the processes on that device only."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from gpuscope.alerts.rules.allocated_unused import AllocatedUnusedRule
 from gpuscope.alerts.rules.held_idle import HeldIdleRule
 from gpuscope.alerts.rules.low_utilization import LowUtilizationRule
 from gpuscope.alerts.rules.shared_by_processes import SharedByProcessesRule
-from gpuscope.capture.config import CaptureConfig
+from gpuscope.capture.config import CaptureConfig, StaticTarget
+from gpuscope.capture.model import CaptureRecord, Trigger
 from gpuscope.capture.policy import CapturePolicy
 from gpuscope.capture.service import CaptureRequest, CaptureService, on_mig_device
 from gpuscope.capture.store import CaptureStore
@@ -299,6 +301,64 @@ def test_mig_device_alerts_keep_their_state_while_the_gpu_is_down_or_its_devices
     assert [t.state for t in drive(engine, 1, both, start=76.0)] == ["resolved", "resolved"]
 
 
+LOW_NOW = LowUtilizationRule.configured(window=120.0, for_=0.0, clear_for=0.0)
+
+
+@pytest.mark.parametrize("devices_kept", [False, True])
+def test_a_tick_the_mig_gpu_is_down_does_not_restart_its_devices_job_counts(devices_kept: bool) -> None:
+    """The down tick carries the devices' points forward (as a down GPU's point has no utilization):
+    every window after it still sees the job that ran on device A. (A down tick used to restart the
+    count, and for a window after it the job fraction was negative: the alert resolved, and the
+    device went unjudged for that long.) The sampler reports a down GPU's MIG devices as last read,
+    or none: the same either way."""
+    build = mig_node({"rate": 0.3, "processes": (on_device(0, 9200),)})
+
+    def down(t: float) -> list[GpuReading]:
+        gpus = build(t)
+        mig = gpus[2]
+        gpus[2] = replace(mig, up=False, processes=(), mig_devices=mig.mig_devices if devices_kept else ())
+        return gpus
+
+    engine = AlertEngine([LOW_NOW], hostname="node")
+    assert [(t.state, t.labels) for t in drive(engine, 150, build)] == [("firing", LABELS_A)]
+    assert drive(engine, 1, down, start=150.0) == []  # down: not judged, the alert kept
+    h = engine.history
+    for t in range(151, 300):
+        assert drive(engine, 1, build, start=float(t)) == [], t
+        window = h.window(MIG_GPU, 120.0)
+        assert window is not None
+        fraction, share = window.instance_activity(h.instances(MIG_GPU)[A.uuid])
+        assert 119 / 120 - 1e-9 <= fraction <= 1.0, t  # the down tick had no job; every other one did
+        assert share == pytest.approx(0.3, abs=0.005), t
+    assert [a.labels for a in engine.alerts()] == [LABELS_A]
+
+
+def test_mig_devices_that_cannot_be_listed_are_not_judged_and_keep_their_alerts() -> None:
+    """A failed listing leaves the MIG devices of an up GPU unknown (the reading has none, and the
+    sampler counts the failure): their busy counters stand still, which is no evidence of idleness.
+    The rules do not judge them then, and their alerts keep their state; the ticks count as ticks
+    with a job on a device where a process of the GPU ran in it as last listed."""
+    both = mig_node({"rate": 0.85, "processes": (on_device(0, 9200),)},  # 85 %: not low
+                    {"rate": 0.3, "processes": (on_device(1, 9300),)})  # 30 %: low
+    engine = AlertEngine([LOW_NOW], hostname="node")
+    assert [(t.state, t.labels) for t in drive(engine, 150, both)] == [("firing", LABELS_B)]
+    for t in range(150, 180):
+        listing_failed = replace(both(t)[2], mig_devices=())  # the processes were read
+        snapshot = make_snapshot(gpus=[gpu(0), gpu(1), listing_failed], monotonic=float(t),
+                                 timestamp=1.7e9 + t, sample_errors={"mig_devices": t - 149})
+        assert engine.observe(snapshot) == [], t  # A's counter frozen at 85 % of 150 s: not judged
+        assert engine.history.mig_unknown == {MIG_GPU}
+        assert LOW.evaluate_instances(engine.history, frozenset()) == {}
+    assert [a.labels for a in engine.alerts()] == [LABELS_B]
+    # Listed again: A was busy 85 % all along, B is still low; the ticks between had their jobs.
+    assert drive(engine, 30, both, start=180.0) == []
+    assert engine.history.mig_unknown == frozenset()
+    assert [a.labels for a in engine.alerts()] == [LABELS_B]
+    # The devices listed as none without a failure (destroyed): their alerts resolve.
+    assert [(t.state, t.labels) for t in drive(engine, 1, mig_node(None), start=210.0)] == [
+        ("resolved", LABELS_B)]
+
+
 def test_an_alert_on_a_mig_device_names_the_slurm_jobs_on_that_device_only() -> None:
     engine = AlertEngine([LowUtilizationRule.configured(window=60.0, for_=0.0)], hostname="node")
     job = SlurmJob("4242", "0", uid=1000)
@@ -321,7 +381,7 @@ def test_a_capture_for_an_alert_on_a_mig_device_targets_the_processes_on_that_de
     assert [p.pid for p in on_mig_device(reading, A.uuid).processes] == [9200, 9201]
     assert [p.pid for p in on_mig_device(reading, B.uuid).processes] == [9300]
     assert on_mig_device(reading, None) is reading  # an alert on the GPU: all of its processes
-    assert on_mig_device(reading, "MIG-gone").processes == ()
+    assert on_mig_device(reading, "MIG-gone") is None
 
     config = CaptureConfig.model_validate({"store": {"root": str(tmp_path / "captures")}})
     store = CaptureStore(tmp_path / "captures", quota_bytes=config.store.quota_bytes)
@@ -346,3 +406,79 @@ def test_a_capture_for_an_alert_on_a_mig_device_targets_the_processes_on_that_de
         store.close()
     # No endpoint for them (not visible from here), but the capture was of A's processes, not B's.
     assert record.outcome == "unreachable" and record.pids == (9200, 9201)
+
+
+def _capture(root: Path, reading: GpuReading, *requests: CaptureRequest,
+             static: list[StaticTarget] | None = None) -> list[CaptureRecord]:
+    """The records of ``requests`` (one after another, no cooldown between them) by a capture service
+    whose snapshot holds ``reading`` and whose config names ``static`` targets; no backend is
+    installed: a capture that reached a target fails there."""
+    config = CaptureConfig.model_validate({"store": {"root": str(root)}, "cooldown": "0s",
+                                           "rules": {"GpuHeldIdle": True}})
+    store = CaptureStore(root, quota_bytes=config.store.quota_bytes)
+    service = CaptureService(store=store, policy=CapturePolicy(config),
+                             resolver=TargetResolver(profiler_ports=[], static_targets=static or []),
+                             backends={}, snapshots=FakeSource(make_snapshot(gpus=[reading])),
+                             hostname="node", deadline_margin_s=5.0)
+    service.start()
+    try:
+        return [service.submit(r).result(timeout=30) for r in requests]
+    finally:
+        service.stop()
+        store.close()
+
+
+def _alert(**fields: Any) -> CaptureRequest:
+    return CaptureRequest(Trigger("alert", alertname="GpuLowUtilization"), gpu=MIG_GPU, **fields)
+
+
+def test_a_mig_device_capture_never_falls_back_to_a_static_target_of_the_gpu(tmp_path: Path) -> None:
+    """A ProfilerService named for the GPU (``capture.targets``) profiles whoever listens there: on a
+    MIG GPU another tenant's job. A device's processes without an endpoint are unreachable; a device
+    gone, or without a process, is refused, naming it."""
+    procs = (on_device(0, 9200, host_visible=False), on_device(1, 9300, host_visible=False))
+    reading = mig_node({"rate": 0.1, "processes": procs[:1]}, {"rate": 0.9})(10.0)[2]
+    static = [StaticTarget(address="10.0.0.9:6009", gpu=MIG_GPU),
+              StaticTarget(address="10.0.0.8:6009", all=True)]
+    on_a, on_b, gone, whole = _capture(tmp_path / "up", reading, _alert(mig_uuid=A.uuid),
+                                       _alert(mig_uuid=B.uuid), _alert(mig_uuid="MIG-gone"), _alert(),
+                                       static=static)
+    assert (on_a.outcome, on_a.pids, on_a.targets) == ("unreachable", (9200,), ())
+    assert on_a.error is not None and f"the processes on MIG device {A.uuid}" in on_a.error
+    assert (on_b.outcome, on_b.targets) == ("refused", ())
+    assert on_b.error == f"MIG device {B.uuid} of GPU 2 runs no compute process now: nothing to capture"
+    assert (gone.outcome, gone.targets) == ("refused", ())
+    assert gone.error is not None
+    assert gone.error.startswith("MIG device MIG-gone of GPU 2 is not on the GPU now")
+    # An alert on the whole GPU: its static targets (no tsl backend here, so they fail there).
+    assert [t.target.address for t in whole.targets] == ["10.0.0.9:6009", "10.0.0.8:6009"]
+    # A device of a GPU that cannot be read now: refused, not the GPU's static targets either.
+    down = replace(reading, up=False, processes=())
+    (lost,) = _capture(tmp_path / "down", down, _alert(mig_uuid=A.uuid), static=static)
+    assert lost.outcome == "refused" and lost.error is not None and "cannot be read" in lost.error
+
+
+def test_a_capture_of_a_gpu_instance_takes_the_processes_of_its_compute_instances(tmp_path: Path) -> None:
+    """An Alertmanager alert from the PromQL rules that names a GPU instance but no MIG device
+    (GpuHeldIdle, GpuSharedByProcesses): the processes of all of its compute instances, no others."""
+    def ci(gpu_instance: int, compute_instance: int, index: int) -> MigReading:
+        return MigReading(index=index, gpu_instance=gpu_instance, compute_instance=compute_instance,
+                          uuid=mig_uuid(MIG_GPU, index), profile="3g.40gb")
+
+    devices = (ci(1, 0, 0), ci(1, 1, 1), ci(2, 0, 2))
+    processes = tuple(make_process(pid, gpu_instance=gi, compute_instance=c, host_visible=False)
+                      for pid, gi, c in [(9200, 1, 0), (9201, 1, 1), (9300, 2, 0)])
+    reading = make_gpu(MIG_GPU, mig_enabled=True, utilization_ratio=None, mig_devices=devices,
+                       processes=processes)
+    static = [StaticTarget(address="10.0.0.9:6009", gpu=MIG_GPU)]
+    webhook = Trigger("webhook", alertname="GpuHeldIdle")
+    one, other, missing, device = _capture(
+        tmp_path / "captures", reading, CaptureRequest(webhook, gpu=MIG_GPU, gpu_instance=1),
+        CaptureRequest(webhook, uuid=reading.uuid, gpu_instance=2),
+        CaptureRequest(webhook, gpu=MIG_GPU, gpu_instance=5),
+        CaptureRequest(webhook, gpu=MIG_GPU, gpu_instance=1, mig_uuid=mig_uuid(MIG_GPU, 1)), static=static)
+    assert (one.outcome, one.pids, one.targets) == ("unreachable", (9200, 9201), ())
+    assert (other.outcome, other.pids) == ("unreachable", (9300,))
+    assert missing.outcome == "refused" and missing.error is not None
+    assert missing.error.startswith("GPU instance 5 of GPU 2 is not on the GPU now")
+    assert (device.outcome, device.pids) == ("unreachable", (9201,))  # the device, where it is named

@@ -220,6 +220,25 @@ def test_static_targets() -> None:
     assert all(t.kind == "tsl" and t.source == "config" for t in resolver.resolve_pid(200))
 
 
+def test_a_mig_device_capture_uses_no_static_target_named_for_the_gpu() -> None:
+    """The static targets that name the GPU profile whoever listens there: on a GPU split into MIG
+    devices, often another tenant's job. A capture of one device keeps those naming its processes."""
+    table = Table({100: [("0.0.0.0", 6009)]})
+    static = [StaticTarget(address="gpu0:1", gpu=0), StaticTarget(address="uuid0:1", uuid=gpu_uuid(0)),
+              StaticTarget(address="all:1", all=True), StaticTarget(address="pid200:1", pid=200),
+              StaticTarget(address="pid300:1", pid=300)]
+    resolver = table.resolver([6009], static_targets=static)
+    on_device = gpu_with(100, 200, gpu_instance=1, compute_instance=0)
+    assert [(t.address, t.pid) for t in resolver.resolve(on_device, mig_device=True)] == [
+        ("127.0.0.1:6009", 100), ("pid200:1", 200)]
+    # The whole GPU (an alert on it): the GPU's static targets as before.
+    assert [t.address for t in resolver.resolve(on_device)] == [
+        "127.0.0.1:6009", "gpu0:1", "uuid0:1", "all:1", "pid200:1"]
+    # No process on the device, or none visible from the host: nothing.
+    assert resolver.resolve(make_gpu(0, processes=()), mig_device=True) == []
+    assert resolver.resolve(gpu_with(300, host_visible=False), mig_device=True) == []
+
+
 def test_graphics_processes_are_not_targets() -> None:
     table = Table({100: [("0.0.0.0", 6009)]})
     assert table.resolver([6009]).resolve(gpu_with(100, kind="graphics")) == []

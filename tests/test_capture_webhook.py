@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from gpuscope.capture.webhook import MAX_BODY_BYTES, WebhookError, WebhookTrigger, parse_webhook
+from gpuscope.capture.service import CaptureRequest
+from gpuscope.capture.webhook import (
+    MAX_BODY_BYTES,
+    WebhookError,
+    WebhookReceiver,
+    WebhookTrigger,
+    parse_webhook,
+)
 
 HOSTS = {"gpu-node-7", "10.0.0.7", "::1"}
 
@@ -57,6 +64,8 @@ def test_common_labels_apply_and_host_match_ignores_case() -> None:
     (json.dumps({"version": "4", "alerts": {}}).encode(), "'alerts' must be a list"),
     (payload("nope"), r"alerts\[0\] must be an object"),
     (payload(alert(instance="gpu-node-7:9847", gpu="../0")), r"alerts\[0\]\.labels\.gpu"),
+    (payload(alert(instance="gpu-node-7:9847", gpu="0", gpu_instance="x")),
+     r"alerts\[0\]\.labels\.gpu_instance must be a MIG GPU instance id"),
     (payload({"status": "firing", "labels": {"gpu": 1}}), r"alerts\[0\]\.labels must map"),
     (payload(alert("pending", instance="gpu-node-7:9847", gpu="0")), "status"),
     (b"x" * (MAX_BODY_BYTES + 1), "exceeds"),
@@ -71,3 +80,40 @@ def test_a_bad_alert_refuses_the_whole_payload() -> None:
     body = payload(alert(instance="gpu-node-7:9847", gpu="0"), alert(instance="gpu-node-7:9847", gpu="x"))
     with pytest.raises(WebhookError):
         parse(body)
+
+
+MIG = "MIG-00000002-0000-4e6f-8d2a-5c3b1a9e0f70"
+
+
+def test_an_alert_on_a_mig_device_names_the_device() -> None:
+    """The PromQL rules' MIG clauses: GpuLowUtilization and GpuAllocatedUnused carry the device's
+    mig_uuid (and gpu_instance); GpuHeldIdle and GpuSharedByProcesses its GPU instance only."""
+    here = {"instance": "gpu-node-7:9847", "gpu": "2", "uuid": "GPU-abc"}
+    held = alert(**here, gpu_instance="1", mig_profile="3g.40gb", pid="9200", process="python3")
+    held["labels"]["alertname"] = "GpuHeldIdle"
+    body = payload(
+        alert(**here, gpu_instance="1", compute_instance="0", mig_profile="3g.40gb", mig_uuid=MIG),
+        held,
+        alert(**here, gpu_instance=""),  # an empty label is no label (a process off MIG)
+    )
+    assert parse(body) == [
+        WebhookTrigger("GpuLowUtilization", 2, "GPU-abc", mig_uuid=MIG),
+        WebhookTrigger("GpuHeldIdle", 2, "GPU-abc", gpu_instance=1),
+        WebhookTrigger("GpuLowUtilization", 2, "GPU-abc"),
+    ]
+
+
+def test_the_receiver_asks_for_a_capture_of_the_mig_device_only() -> None:
+    asked: list[CaptureRequest] = []
+    receiver = WebhookReceiver(asked.append, hosts=HOSTS, port=9847)
+    here = {"instance": "gpu-node-7:9847", "gpu": "2", "uuid": "GPU-abc"}
+    status, reply = receiver(payload(alert(**here, gpu_instance="1", mig_uuid=MIG),
+                                     alert(**here, gpu_instance="3"), alert(**here)))
+    assert status == "200 OK" and reply["accepted"] == 3
+    assert [(r.gpu, r.uuid, r.mig_uuid, r.gpu_instance, r.on_mig) for r in asked] == [
+        (2, "GPU-abc", MIG, None, True), (2, "GPU-abc", None, 3, True), (2, "GPU-abc", None, None, False)]
+    assert reply["captures"] == [
+        {"alertname": "GpuLowUtilization", "gpu": 2, "uuid": "GPU-abc", "mig_uuid": MIG},
+        {"alertname": "GpuLowUtilization", "gpu": 2, "uuid": "GPU-abc", "gpu_instance": 3},
+        {"alertname": "GpuLowUtilization", "gpu": 2, "uuid": "GPU-abc"},
+    ]

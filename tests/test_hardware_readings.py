@@ -148,3 +148,87 @@ def test_pods_on_a_simulated_mig_node_reach_their_instances(simulate: Start, clo
         assert small.pods == (PodContainer("lab", "idle-notebook", "jupyter"),)
     finally:
         pods.stop()
+
+
+def test_compute_instances_of_one_gpu_instance_share_its_profile_and_busy_time(simulate: Start,
+                                                                                clock: ManualClock) -> None:
+    simulate("""
+gpus:
+  - mig: enabled
+    mig_devices:
+      - {profile: 1c.3g.40gb, gpu_instance: 1, compute_instance: 0, utilization: 0.5}
+      - {profile: 2c.3g.40gb, gpu_instance: 1, compute_instance: 1}
+      - {profile: 3g.40gb}
+    processes: [{name: a, pid: 5, memory: 3GiB, mig_device: 1}]
+""")
+    sampler = make_sampler(clock)
+    first, second, third = ticks(sampler, clock, until=clock.now + 10.0).gpus[0].mig_devices
+    assert [(m.gpu_instance, m.compute_instance, m.profile) for m in (first, second, third)] == [
+        (1, 0, "3g.40gb"), (1, 1, "3g.40gb"), (3, 0, "3g.40gb")]
+    # One GPU instance, one busy time: not counted once per compute instance.
+    assert first.busy_seconds_total == second.busy_seconds_total == pytest.approx(5.0, rel=0.05)
+    assert first.memory_used_bytes == second.memory_used_bytes == 3 * 1024**3  # the instance's memory
+    assert first.uuid != second.uuid
+
+
+def test_a_failed_relisting_keeps_the_devices_as_last_listed(simulate: Start, clock: ManualClock) -> None:
+    simulate("""
+duration: 100s
+gpus:
+  - mig: enabled
+    mig_devices: [{profile: 3g.40gb, utilization: 1.0}]
+    failures: [{function: nvmlDeviceGetMaxMigDeviceCount, from: 5s, to: 30s}]
+""")
+    sampler = make_sampler(clock, health_interval_seconds=1.0)
+    before = ticks(sampler, clock, until=4.0).gpus[0].mig_devices
+    during = ticks(sampler, clock, until=12.0)
+    assert during.sample_errors.get("mig_devices", 0) > 0  # the listing failed, and is counted
+    (device,) = during.gpus[0].mig_devices
+    assert device.uuid == before[0].uuid and device.busy_seconds_total > before[0].busy_seconds_total
+
+
+def test_health_is_read_again_as_soon_as_a_lost_gpu_is_back(simulate: Start, clock: ManualClock) -> None:
+    simulate("""
+duration: 100s
+gpus:
+  - health: {row_remap_pending: true}
+    lost: [{from: 5s, to: 8s}]
+""")
+    sampler = make_sampler(clock, health_interval_seconds=60.0)
+    assert sampler.tick().gpus[0].health == "reset_required"
+    lost = ticks(sampler, clock, until=6.0).gpus[0]
+    assert lost.health == "lost"
+    back = ticks(sampler, clock, until=8.0).gpus[0]
+    # Read at once, not 60 s after the last read: a reset may have cleared it meanwhile.
+    assert back.up and back.row_remap_pending is True and back.health == "reset_required"
+
+
+def test_a_lost_gpu_keeps_its_mig_devices_and_their_pods(simulate: Start, clock: ManualClock) -> None:
+    simulate("""
+duration: 100s
+gpus:
+  - mig: enabled
+    mig_devices: [{profile: 3g.40gb}]
+    lost: [{from: 5s, to: 8s}]
+""")
+    sampler = make_sampler(clock)
+    up = ticks(sampler, clock, until=4.0).gpus[0]
+    down = ticks(sampler, clock, until=6.0).gpus[0]
+    assert not down.up and [m.uuid for m in down.mig_devices] == [m.uuid for m in up.mig_devices]
+
+
+def test_per_link_error_counters_that_fail_are_absent_not_partial(simulate: Start,
+                                                                  clock: ManualClock) -> None:
+    simulate("""
+duration: 100s
+gpus:
+  - nvlink: {links: 4, errors: {replay: 3}, errors_link: 1}
+    failures: [{function: nvmlDeviceGetNvLinkErrorCounter, from: 5s, to: 30s}]
+""")
+    sampler = make_sampler(clock, health_interval_seconds=1.0, nvlink_per_link=True)
+    assert sampler.tick().gpus[0].nvlink_link_errors_total[1]["replay"] == 3
+    failing = ticks(sampler, clock, until=10.0).gpus[0]
+    assert failing.nvlink_link_errors_total is None  # not the links that happened to answer
+    assert failing.nvlink_errors_total == {"crc_flit": 0, "crc_data": 0, "replay": 3, "recovery": 0}
+    again = ticks(sampler, clock, until=31.0).gpus[0]
+    assert again.nvlink_link_errors_total is not None and again.nvlink_link_errors_total[1]["replay"] == 3

@@ -22,8 +22,10 @@ evaluated: their alerts keep their state (a firing alert stays firing, a pending
 the GPU is read again. Nothing is known about them, and resolving then re-raising every alert of a
 GPU that blinks out would only be noise; the GPU being down is reported on its own (``gpu_up``).
 Rules that read data a down GPU still has (Xid counts) are evaluated on down GPUs too. The alerts on
-the MIG devices of a GPU follow their GPU: kept while it is down; resolved (or gone inactive) once
-the GPU is read again without their condition, a MIG device destroyed included.
+the MIG devices of a GPU follow their GPU: kept while it is down, and while its MIG devices cannot be
+listed (``NodeHistory.mig_unknown``: the rules do not judge them then); resolved (or gone inactive)
+once the GPU is read and its devices listed again without their condition, a MIG device destroyed
+included.
 
 ``observe`` runs in the sampler thread; ``alerts`` and ``transition_counts`` may be called from
 any thread.
@@ -137,9 +139,10 @@ class AlertEngine:
                 continue
             self._failing.discard(rule.name)
             evaluated = history.present if rule.include_down else history.up
+            unknown = history.mig_unknown  # GPUs whose MIG devices' alerts are not judged this tick
             for key, found in conditions.items():
                 gpu = key_gpu(key)
-                if gpu not in evaluated:
+                if gpu not in evaluated or (unknown and not isinstance(key, int) and gpu in unknown):
                     continue
                 condition = _with_slurm_jobs(found, _processes(history, key))
                 state = states.get(key)
@@ -158,7 +161,8 @@ class AlertEngine:
                     state.state = "firing"
                     state.firing_since = wall
                     transitions.append(self._transition(rule, key, state, "pending", "firing"))
-            for key in [k for k in states if k not in conditions and key_gpu(k) in evaluated]:
+            for key in [k for k in states if k not in conditions and key_gpu(k) in evaluated
+                        and not (unknown and not isinstance(k, int) and k.gpu in unknown)]:
                 state = states[key]
                 if state.state == "pending":
                     del states[key]

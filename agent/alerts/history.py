@@ -22,7 +22,13 @@ A GPU in MIG mode has no utilization of its own: rules judge each of its MIG dev
 point then also carries, per MIG device (by its UUID), the device's busy-seconds counter as read and
 a running count of the points at which a compute process ran on it (``MigPoint``), so a window's or
 span's busy share and job fraction are differences too; and the occupancy keeps the same "who holds
-it since when" per MIG device (``InstanceOccupancy``).
+it since when" per MIG device (``InstanceOccupancy``). A tick at which the GPU is down, or its MIG
+devices could not be listed, carries the previous point's MIG devices forward with their busy
+counters as last read, so that the running counts go on across it: a down GPU's devices had no job
+at that tick (as a down GPU's point has no utilization); those that could not be listed had one where
+a compute process ran in them as last listed. While the devices cannot be listed,
+``NodeHistory.mig_unknown`` names the GPU, and the rules do not judge its devices (their alerts keep
+their state).
 """
 
 from __future__ import annotations
@@ -92,11 +98,21 @@ _ZERO = Point(0.0, False, None, None, None, (), _NO_XIDS, None, 0, 0.0, 0, 0.0, 
               _NO_MIG)
 
 
+def mig_listed(reading: GpuReading, mig_known: bool) -> bool:
+    """The reading's MIG devices are the GPU's now: it was read this tick and its devices were listed
+    (or known to be none: MIG mode off, or no listing failed). ``mig_known`` False: a MIG device
+    listing failed this tick (Snapshot.sample_errors)."""
+    return reading.up and (mig_known or bool(reading.mig_devices) or not reading.mig_enabled)
+
+
 def point_of(reading: GpuReading, t: float, prev: Point | None, last_dips: int | None,
-             mig_known: bool = True) -> Point:
+             mig_known: bool = True, *, devices: Mapping[str, InstanceOccupancy] | None = None) -> Point:
     """The reading as a Point, its running sums continued from ``prev`` (None: the first point);
-    ``last_dips``: the latest idle-dip counter reading before this one. ``mig_known`` False: the MIG
-    devices could not be listed this tick, and the previous point's readings of them stand."""
+    ``last_dips``: the latest idle-dip counter reading before this one. ``mig_known`` False: a MIG
+    device listing failed this tick. Where the GPU is down, or its MIG devices are not listed
+    (``mig_listed``), the previous point's MIG devices are carried forward (``_held``); ``devices``:
+    the GPU's MIG devices as last listed, which the processes read this tick are matched against
+    then."""
     p = prev or _ZERO
     util = reading.utilization_ratio
     names = tuple([q.name for q in reading.processes if q.kind == "compute"])
@@ -124,12 +140,31 @@ def point_of(reading: GpuReading, t: float, prev: Point | None, last_dips: int |
     return Point(t, reading.up, util, sm, reasons, names, reading.xid_errors or _NO_XIDS, dips_total,
                  n_busy, sum_busy, n_sm, sum_sm_util, sum_sm, n_dips, dips,
                  p.n_reasons + (reasons is not None), p.k + 1, n_util, sum_util,
-                 _mig_points(reading, p.mig) if reading.mig_devices else p.mig if not mig_known else _NO_MIG)
+                 (_mig_points(reading, p.mig) if reading.mig_devices else _NO_MIG)
+                 if mig_listed(reading, mig_known) else _held(reading, p.mig, devices))
 
 
 def on_device(process: ProcessReading, device: MigReading) -> bool:
     """The process runs on this MIG device (its GPU and compute instance)."""
     return process.gpu_instance == device.gpu_instance and process.compute_instance == device.compute_instance
+
+
+def _held(reading: GpuReading, prev: Mapping[str, MigPoint],
+          devices: Mapping[str, InstanceOccupancy] | None) -> Mapping[str, MigPoint]:
+    """The MIG devices of the previous point at a tick where they were not read: their busy counters
+    as last read, and their job counts going on rather than starting again. A job on one where a
+    compute process of the GPU (up: its devices could not be listed) ran in it as last listed
+    (``devices``); none on those of a GPU that is down, as a down GPU's point has no utilization."""
+    if not prev:
+        return prev
+    compute = [q for q in reading.processes if q.kind == "compute" and q.gpu_instance is not None] \
+        if reading.up and devices else []
+    out = {}
+    for uuid, m in prev.items():
+        device = devices.get(uuid) if compute and devices else None
+        job = device is not None and any(on_device(q, device.reading) for q in compute)
+        out[uuid] = MigPoint(m.busy, job, m.n_job + job)
+    return out
 
 
 def _mig_points(reading: GpuReading, prev: Mapping[str, MigPoint]) -> dict[str, MigPoint]:
@@ -376,10 +411,11 @@ class Occupancy:
     def _update_instances(self, t: float, reading: GpuReading, processes_known: bool,
                           mig_known: bool) -> None:
         """The MIG devices listed now replace those listed before; a GPU that is down, or whose
-        devices could not be listed this tick, keeps the ones it had (with an unknown process list)."""
+        devices could not be listed this tick (``mig_listed``), keeps the ones it had (with an unknown
+        process list when the GPU is down)."""
         known = reading.processes if reading.up and processes_known else None
         instances = self.instances
-        if not (reading.up and mig_known):
+        if not mig_listed(reading, mig_known):
             for device in instances.values():
                 device.update(t, device.reading, known)
             return
@@ -447,6 +483,9 @@ class NodeHistory:
         self.interval = 1.0  # the sampler's interval (from the snapshots)
         self.present: frozenset[int] = frozenset()  # GPUs in the latest snapshot
         self.up: frozenset[int] = frozenset()  # ... of which readable
+        # ... of which in MIG mode with their MIG devices not listed this tick (the listing failed):
+        # their devices are not judged, and their alerts keep their state.
+        self.mig_unknown: frozenset[int] = frozenset()
         self._gpus: dict[int, _GpuHistory] = {}
         self._windows: dict[tuple[int, float, float], Window | None] = {}
         self._process_errors = 0  # failed process listings so far (Snapshot.sample_errors)
@@ -480,6 +519,7 @@ class NodeHistory:
         self._mig_errors = mig_errors
         gpus = self._gpus
         up = []
+        mig_unknown = []
         for reading in snapshot.gpus:
             history = gpus.get(reading.index)
             if history is None or history.uuid != reading.uuid:  # new, or another GPU at this index
@@ -487,12 +527,16 @@ class NodeHistory:
                     reading.uuid, self.maxlen(interval), mark_step=self.mark_step(interval),
                     marks=self.marks(interval), t=t, reading=reading)
             points = history.points
-            history.append(point_of(reading, t, points[-1] if points else None, history.last_dips, mig_known),
+            history.append(point_of(reading, t, points[-1] if points else None, history.last_dips, mig_known,
+                                    devices=history.occupancy.instances),
                            reading, processes_known, mig_known)
             if reading.up:
                 up.append(reading.index)
+                if not mig_listed(reading, mig_known):
+                    mig_unknown.append(reading.index)
         self.present = frozenset(r.index for r in snapshot.gpus)
         self.up = frozenset(up)
+        self.mig_unknown = frozenset(mig_unknown)
 
     def uuid(self, gpu: int) -> str:
         history = self._gpus.get(gpu)

@@ -61,6 +61,13 @@ class CaptureRequest:
     duration_s: float | None = None
     start_at: float | None = None  # wall clock: fleet captures start together
     mig_uuid: str | None = None  # an alert on one MIG device of the GPU: the processes on it only
+    # An alert on one GPU instance of the GPU (without mig_uuid): the processes on its compute instances.
+    gpu_instance: int | None = None
+
+    @property
+    def on_mig(self) -> bool:
+        """The request is for one MIG device (or GPU instance) of its GPU, not the whole GPU."""
+        return self.mig_uuid is not None or self.gpu_instance is not None
 
 
 class CaptureService:
@@ -182,10 +189,22 @@ class CaptureService:
             log.info("capture refused (%s, %s): %s", request.trigger.kind, _subject(request, gpu),
                      decision.reason)
             return self._refused(request, decision.reason, gpu=gpu)
+        if request.on_mig and request.pid is None and request.target is None:
+            gpu_reading, refusal = _on_requested_device(gpu_reading, request, gpu)
+            if gpu_reading is None:  # never the whole GPU in its place: other tenants' jobs
+                self._policy.release(decision, refund=True)
+                log.info("capture refused (%s, %s): %s", request.trigger.kind, _subject(request, gpu),
+                         refusal)
+                return self._refused(request, refusal, gpu=gpu)
         targets, pids = self._targets(request, gpu_reading)
         if not targets:
             self._policy.release(decision, refund=True)
-            of = "this GPU's processes" if request.pid is None else f"process {request.pid}"
+            if request.pid is not None:
+                of = f"process {request.pid}"
+            elif request.on_mig:
+                of = f"the processes on {_device_text(request)}"
+            else:
+                of = "this GPU's processes"
             return self._not_taken(request, decision, gpu, pids,
                                    error=f"no profiling endpoint found for {of} "
                                          "(see docs/capture.md: make the job capturable)")
@@ -289,10 +308,10 @@ class CaptureService:
         for gpu in snapshot.gpus:
             if request.uuid:
                 if gpu.uuid == request.uuid:
-                    return on_mig_device(gpu, request.mig_uuid)
+                    return gpu
             elif request.gpu is not None:
                 if gpu.index == request.gpu:
-                    return on_mig_device(gpu, request.mig_uuid)
+                    return gpu
             elif request.pid is not None and any(p.pid == request.pid for p in gpu.processes):
                 return gpu
         return None
@@ -306,7 +325,8 @@ class CaptureService:
             return self._resolver.resolve_pid(request.pid), (request.pid,)
         if gpu is None:
             return [], ()
-        return self._resolver.resolve(gpu), tuple(p.pid for p in gpu.compute_processes)
+        return (self._resolver.resolve(gpu, mig_device=request.on_mig),
+                tuple(p.pid for p in gpu.compute_processes))
 
     # ------------------------------------------------------------ records
 
@@ -342,16 +362,46 @@ class CaptureService:
             self._counts[key] = self._counts.get(key, 0) + 1
 
 
-def on_mig_device(gpu: GpuReading, mig_uuid: str | None) -> GpuReading:
-    """The GPU with only the processes on its MIG device ``mig_uuid`` (an alert on that device: the
-    other devices' processes are other jobs, often other tenants'); none if the device is gone."""
-    if mig_uuid is None:
+def on_mig_device(gpu: GpuReading, mig_uuid: str | None,
+                  gpu_instance: int | None = None) -> GpuReading | None:
+    """The GPU with only the processes on its MIG device ``mig_uuid`` or, without one, on the compute
+    instances of its GPU instance ``gpu_instance`` (an alert on that device: the other devices'
+    processes are other jobs, often other tenants'), and only those MIG devices. The GPU itself when
+    neither is given; None when no such device is listed now (destroyed)."""
+    if mig_uuid is None and gpu_instance is None:
         return gpu
-    device = next((d for d in gpu.mig_devices if d.uuid == mig_uuid), None)
-    processes = () if device is None else tuple(
-        p for p in gpu.processes
-        if p.gpu_instance == device.gpu_instance and p.compute_instance == device.compute_instance)
-    return replace(gpu, processes=processes)
+    devices = tuple(d for d in gpu.mig_devices
+                    if (d.uuid == mig_uuid if mig_uuid is not None else d.gpu_instance == gpu_instance))
+    if not devices:
+        return None
+    on_them = {(d.gpu_instance, d.compute_instance) for d in devices}
+    return replace(gpu, mig_devices=devices, processes=tuple(
+        p for p in gpu.processes if (p.gpu_instance, p.compute_instance) in on_them))
+
+
+def _on_requested_device(gpu: GpuReading | None, request: CaptureRequest,
+                         index: int | None) -> tuple[GpuReading | None, str]:
+    """(the GPU with only the processes on the MIG device the request names, "") or, where there is
+    nothing of that device to capture, (None, why)."""
+    where = _device_text(request) + ("" if index is None else f" of GPU {index}")
+    if gpu is None:
+        return None, f"{where}: the GPU is not in the latest snapshot, nothing to capture"
+    if not gpu.up:
+        return None, f"{where}: the GPU cannot be read now, so the processes on the device are unknown"
+    scoped = on_mig_device(gpu, request.mig_uuid, request.gpu_instance)
+    if scoped is None:
+        return None, (f"{where} is not on the GPU now (destroyed, or its MIG devices could not be "
+                      "listed): nothing to capture")
+    if not scoped.compute_processes:
+        return None, f"{where} runs no compute process now: nothing to capture"
+    return scoped, ""
+
+
+def _device_text(request: CaptureRequest) -> str:
+    """The MIG device a request names: "MIG device MIG-…" or "GPU instance 3"."""
+    if request.mig_uuid is not None:
+        return f"MIG device {request.mig_uuid}"
+    return f"GPU instance {request.gpu_instance}"
 
 
 def _subject(request: CaptureRequest, gpu: int | None) -> str:

@@ -8,7 +8,9 @@ For each compute process of the GPU, the first of:
    address otherwise).
 
 Then the static targets of the config (``capture.targets``) that name the GPU (index or UUID), one
-of its processes, or all GPUs are added, unless every process already has a target.
+of its processes, or all GPUs are added, unless every process already has a target. A capture of one
+MIG device (an alert on it) adds only those that name one of the device's processes: a target named
+for the GPU profiles whoever listens there, on a GPU split into MIG devices often another tenant's job.
 
 Nothing is probed: the resolver reads the kernel's socket table for the processes' own sockets
 (psutil, ``/proc/<pid>/fd`` + ``/proc/net/tcp{,6}``) and never opens a connection; ports outside the
@@ -88,8 +90,11 @@ class TargetResolver:
         self._connections = connections
         self._parent_of = parent_of
 
-    def resolve(self, gpu: GpuReading) -> list[CaptureTarget]:
-        """The targets for the compute processes of ``gpu``, in process order, without duplicates."""
+    def resolve(self, gpu: GpuReading, *, mig_device: bool = False) -> list[CaptureTarget]:
+        """The targets for the compute processes of ``gpu``, in process order, without duplicates.
+        ``mig_device``: ``gpu`` holds only the processes of one of its MIG devices (or GPU instances),
+        and the static targets that name the GPU, or all GPUs, are not used: only those naming one of
+        those processes."""
         registered = self._registered()
         targets: list[CaptureTarget] = []
         unresolved: list[int | None] = []
@@ -102,8 +107,9 @@ class TargetResolver:
         if unresolved or not gpu.compute_processes:
             pids = {pid for pid in unresolved if pid is not None}
             targets += [_static(t, t.pid) for t in self._static
-                        if t.all or t.gpu == gpu.index or (t.uuid is not None and t.uuid == gpu.uuid)
-                        or (t.pid is not None and t.pid in pids)]
+                        if (t.pid is not None and t.pid in pids)
+                        or (not mig_device and (t.all or t.gpu == gpu.index
+                                                or (t.uuid is not None and t.uuid == gpu.uuid)))]
         return _dedupe(targets)
 
     def resolve_pid(self, pid: int) -> list[CaptureTarget]:

@@ -5,6 +5,11 @@ Central Prometheus rules fire, Alertmanager posts the group to every agent's
 label's host is one of this node's names or addresses, and its port, if any, is the agent's) and
 that carry a ``gpu`` or ``uuid`` label. Anything malformed is refused whole with the reason, and
 nothing is triggered.
+
+An alert on a MIG device (the PromQL rules' MIG clauses) captures the processes on that device only,
+never the whole GPU: the device its ``mig_uuid`` label names or, for the alerts that carry only a
+``gpu_instance`` label (``GpuHeldIdle``, ``GpuSharedByProcesses``), the compute instances of that GPU
+instance.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ class WebhookTrigger:
     alertname: str
     gpu: int | None
     uuid: str | None
+    mig_uuid: str | None = None  # an alert on one MIG device: the processes on it only
+    gpu_instance: int | None = None  # ... or, without mig_uuid, on one GPU instance
 
 
 def parse_webhook(body: bytes, *, hosts: Collection[str], port: int | None) -> list[WebhookTrigger]:
@@ -65,7 +72,10 @@ def parse_webhook(body: bytes, *, hosts: Collection[str], port: int | None) -> l
         uuid = labels.get("uuid") or None
         if gpu is None and uuid is None:
             continue  # about this node but no GPU: nothing to capture
-        triggers.append(WebhookTrigger(labels.get("alertname", "unnamed"), gpu, uuid))
+        instance = _gpu_instance(labels.get("gpu_instance"), f"alerts[{i}].labels.gpu_instance")
+        mig_uuid = labels.get("mig_uuid") or None
+        triggers.append(WebhookTrigger(labels.get("alertname", "unnamed"), gpu, uuid, mig_uuid,
+                                       instance if mig_uuid is None else None))
     return triggers
 
 
@@ -82,6 +92,15 @@ def _gpu_index(value: str | None, where: str) -> int | None:
     # isascii too: isdigit() is also true of '²' or '٣', which int() refuses or reads as another digit.
     if not (value.isascii() and value.isdigit()) or len(value) > 4:
         raise WebhookError(f"{where} must be a GPU index, got {value!r}")
+    return int(value)
+
+
+def _gpu_instance(value: str | None, where: str) -> int | None:
+    """A MIG GPU instance id (NVML's are small: up to 14 on an H100)."""
+    if value is None or value == "":
+        return None
+    if not (value.isascii() and value.isdigit()) or len(value) > 4:
+        raise WebhookError(f"{where} must be a MIG GPU instance id, got {value!r}")
     return int(value)
 
 
@@ -132,7 +151,16 @@ class WebhookReceiver:
         except WebhookError as err:
             return "400 Bad Request", {"error": str(err)}
         for t in triggers:
-            self._submit(CaptureRequest(Trigger("webhook", alertname=t.alertname), gpu=t.gpu, uuid=t.uuid))
-        return "200 OK", {"accepted": len(triggers),
-                          "captures": [{"alertname": t.alertname, "gpu": t.gpu, "uuid": t.uuid}
-                                       for t in triggers]}
+            self._submit(CaptureRequest(Trigger("webhook", alertname=t.alertname), gpu=t.gpu, uuid=t.uuid,
+                                        mig_uuid=t.mig_uuid, gpu_instance=t.gpu_instance))
+        return "200 OK", {"accepted": len(triggers), "captures": [_described(t) for t in triggers]}
+
+
+def _described(trigger: WebhookTrigger) -> dict[str, Any]:
+    """A trigger as the reply lists it: the MIG device, where it names one."""
+    out: dict[str, Any] = {"alertname": trigger.alertname, "gpu": trigger.gpu, "uuid": trigger.uuid}
+    if trigger.mig_uuid is not None:
+        out["mig_uuid"] = trigger.mig_uuid
+    if trigger.gpu_instance is not None:
+        out["gpu_instance"] = trigger.gpu_instance
+    return out

@@ -156,6 +156,8 @@ class Nvml:
         ``nvlink_per_link`` adds the NVLink counters of each link. Raises GpuLostError if the GPU is
         gone."""
         try:
+            if health:
+                self._follow_mig_mode(device)
             r = self._read(device, energy, samples)
             cache = device.health
             if throttle:
@@ -171,9 +173,27 @@ class Nvml:
             return r
         except GpuLostError:
             # GPM counters across the time the GPU was lost mean nothing: the next GPM sample after it
-            # comes back starts afresh instead of closing an interval that spans the loss.
+            # comes back starts afresh instead of closing an interval that spans the loss. The health
+            # readings are dropped too: a reset (what a pending row remap waits for) makes the GPU
+            # lost for a moment, and what it had before says nothing of it after.
             device.forget_gpm()
+            device.health.values.clear()
             raise
+
+    def _follow_mig_mode(self, device: NvmlDevice) -> None:
+        """MIG mode can be switched while the agent runs (on some GPUs without a reset): read again
+        with the health readings. On a change, forget what the other mode's readings taught."""
+        if device.handle is None or "mig_mode" in device.unsupported:
+            return
+        mode = self.query(device, "mig_mode", pynvml.nvmlDeviceGetMigMode, device.handle)
+        if mode is None:
+            return
+        enabled = mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+        if enabled != device.identity.mig_enabled:
+            log.info("GPU %d: MIG mode is now %s", device.identity.index, "on" if enabled else "off")
+            for state in device.mig_gpm.values():
+                gpm.free(state)
+            device.switch_mig_mode(enabled)
 
     def _read(self, device: NvmlDevice, read_energy: bool, read_samples: bool) -> DeviceReadings:
         if device.handle is None or not device.identity.uuid:

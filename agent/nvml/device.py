@@ -3,6 +3,7 @@ does not support, GPM sample buffers, its MIG devices and the last health readin
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,10 +54,26 @@ class NvmlDevice:
         self.pcie_counters: bool | None = None  # None until probed
         self.gpm_supported: bool | None = None  # None until asked
         self.gpm = GpmState()
-        # MIG mode: the MIG devices as last listed (None: to be listed), GPM state per GPU instance.
+        # MIG mode: the MIG devices as last listed (None: never listed), whether to list them again at
+        # the next tick (a handle stopped answering), GPM state per GPU instance and the MIG devices
+        # each GPU instance had when its state began.
         self.mig_devices: list[MigDevice] | None = None
+        self.mig_relist = False
         self.mig_gpm: dict[int, GpmState] = {}
+        self.mig_members: dict[int, frozenset[str]] = {}
         self.health = HealthCache()
+
+    def switch_mig_mode(self, enabled: bool) -> None:
+        """The GPU went in or out of MIG mode: what it did not support in the other mode may work now,
+        and its MIG devices and GPM samples belong to the other mode."""
+        self.identity = dataclasses.replace(self.identity, mig_enabled=enabled)
+        self.unsupported.clear()
+        self.samples_read = self.process_samples_read = False
+        self.sample_cursor = self.process_cursor = 0
+        self.mig_devices, self.mig_relist, self.mig_members = None, False, {}
+        self.forget_gpm()
+        self.mig_gpm.clear()
+        self.gpm_supported = None
 
     def forget_gpm(self) -> None:
         """GPM counters across a time the GPU was lost mean nothing: the next sample starts afresh."""

@@ -7,6 +7,7 @@ tick's sample per GPU (and per GPU instance) and swaps the two buffers after eac
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -79,6 +80,15 @@ def instance_metrics(query: Query, now: float, device: NvmlDevice,
         state = device.mig_gpm[gpu_instance] = GpmState()
     return _between_samples(query, now, device, state, "gpm_mig", MIG_METRICS,
                             pynvml.nvmlGpmMigSampleGet, device.handle, gpu_instance)
+
+
+def free(state: GpmState) -> None:
+    """Give a sample state's buffers back to NVML (they are allocated outside Python's heap)."""
+    for sample in state.samples or ():
+        with contextlib.suppress(pynvml.NVMLError):  # NVML shut down meanwhile: nothing to give back
+            pynvml.nvmlGpmSampleFree(sample)
+    state.samples = None
+    state.previous_at = None
 
 
 def _between_samples(query: Query, now: float, device: NvmlDevice, state: GpmState, reading: str,  # noqa: PLR0917

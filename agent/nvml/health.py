@@ -78,8 +78,7 @@ def read_throttle(query: Query, device: NvmlDevice) -> None:
                           device.handle, policy)
         if violation is not None:
             seconds[reason] = int(violation.violationTime) / 1e9  # nanoseconds
-    if seconds:
-        device.health.values["clock_throttle_seconds_total"] = seconds
+    _put(device.health.values, "clock_throttle_seconds_total", seconds or None)
 
 
 def read_health(query: Query, device: NvmlDevice, *, per_link: bool) -> None:
@@ -116,33 +115,53 @@ def _read_nvlink(query: Query, device: NvmlDevice, link_count: float | None,
     links = device.health.nvlink_links
     if links is None or link_count is not None:
         links = int(link_count) if link_count is not None else _probe_links(device.handle)
-        device.health.nvlink_links = links
+        device.health.nvlink_links = links  # None: not known yet (asked again at the next health read)
     if not links:
         return  # no NVLink: its readings stay absent
-    states = [query(device, "nvlink_state", pynvml.nvmlDeviceGetNvLinkState, device.handle, link)
-              for link in range(links)]
-    if any(state is not None for state in states):
-        _put(values, "nvlink_active_links", sum(1 for s in states if s == pynvml.NVML_FEATURE_ENABLED))
+    # Each of these reads every link in one reading: a link that answers NOT_SUPPORTED is left out,
+    # any other failure fails the whole reading for this time (a partial sum would read as a reset).
+    active = query(device, "nvlink_state", _active_links, device.handle, links)
+    _put(values, "nvlink_active_links", active)
     errors = {kind: int(v) for kind, v in zip(NVLINK_ERRORS, link_errors, strict=True) if v is not None}
-    by_link: dict[int, dict[str, int]] = {}
+    by_link: dict[int, dict[str, int]] | None = None
     if per_link or not errors:
-        for link in range(links):
-            for kind, (_, counter) in NVLINK_ERRORS.items():
-                count = query(device, "nvlink_errors", pynvml.nvmlDeviceGetNvLinkErrorCounter,
-                              device.handle, link, counter)
-                if count is not None:
-                    by_link.setdefault(link, {})[kind] = int(count)
-    if not errors and by_link:  # no totals from the driver: the sum over the links
-        for counts in by_link.values():
-            for kind, count in counts.items():
-                errors[kind] = errors.get(kind, 0) + count
+        by_link = query(device, "nvlink_errors", _link_errors, device.handle, links)
+        if not errors and by_link:  # no totals from the driver: the sum over the links
+            for counts in by_link.values():
+                for kind, count in counts.items():
+                    errors[kind] = errors.get(kind, 0) + count
     _put(values, "nvlink_errors_total", errors or None)
     _put(values, "nvlink_link_errors_total", by_link if per_link and by_link else None)
 
 
-def _probe_links(handle: Any) -> int:
+def _active_links(handle: Any, links: int) -> int:
+    """Links whose state is up; a link whose state is not supported counts as not up."""
+    up = 0
+    for link in range(links):
+        try:
+            up += pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED
+        except pynvml.NVMLError_NotSupported:
+            continue
+    return up
+
+
+def _link_errors(handle: Any, links: int) -> dict[int, dict[str, int]]:
+    """Each link's error counters by type; those NOT_SUPPORTED left out."""
+    by_link: dict[int, dict[str, int]] = {}
+    for link in range(links):
+        for kind, (_, counter) in NVLINK_ERRORS.items():
+            try:
+                count = pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter)
+            except pynvml.NVMLError_NotSupported:
+                continue
+            by_link.setdefault(link, {})[kind] = int(count)
+    return by_link
+
+
+def _probe_links(handle: Any) -> int | None:
     """Links the GPU has, where the link-count field is not answered: the links whose state can be
-    read (a GPU without NVLink answers NOT_SUPPORTED for link 0)."""
+    read (a GPU without NVLink answers NOT_SUPPORTED for link 0). None when a state read failed
+    otherwise: not known this time."""
     links = 0
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
         try:
@@ -150,7 +169,10 @@ def _probe_links(handle: Any) -> int:
         except pynvml.NVMLError as err:
             if err.value in (pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_RESET_REQUIRED):
                 raise GpuLostError(describe(err)) from err  # not "no links": asked again once it is back
-            break
+            if err.value in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT,
+                             pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                break  # past the last link, or no NVLink at all
+            return None
         links += 1
     return links
 

@@ -86,8 +86,10 @@ class _GpuState:
     process_busy: ProcessBusyTime = field(default_factory=ProcessBusyTime)
     process_samples_seen: bool = False  # the GPU has reported per-process samples at least once
     energy_split: EnergySplit = field(default_factory=EnergySplit)
-    # MIG: seconds each GPU instance was active (GPM's graphics activity times its interval).
-    instance_busy: dict[int, float] = field(default_factory=dict)
+    # MIG: seconds each GPU instance was active (GPM's graphics activity times its interval), and the
+    # MIG devices last read (reported, with their pods, while the GPU cannot be read).
+    instance_busy: dict[tuple[int, frozenset[str]], float] = field(default_factory=dict)
+    mig_devices: tuple[MigReading, ...] = ()
     lost: bool = False
 
 
@@ -385,7 +387,7 @@ class Sampler:
         xids = self._xid.counts(ident.index) if self._xid is not None else {}
         if self._guard.held(ident.index):  # a call on it is still stuck: down, not asked again
             state.busy.interrupted()
-            return self._down(device, xids)
+            return self._down(device, xids, state)
         self._guard.begin(generation, ident.index, time.monotonic())
         read_energy = state.energy_read_at is None or now - state.energy_read_at >= self._energy_every
         read_samples = state.samples_read_at is None or now - state.samples_read_at >= self._samples_every
@@ -397,6 +399,8 @@ class Sampler:
                 nvlink_per_link=self._nvlink_per_link)
         except GpuLostError as err:
             raw = None
+            # What the boundary dropped at the loss is read again as soon as the GPU is back.
+            state.health_read_at = state.throttle_read_at = None
             if not state.lost:
                 log.warning("GPU %d (%s) is lost: %s; the other GPUs keep reporting",
                             ident.index, ident.uuid, err)
@@ -410,7 +414,7 @@ class Sampler:
             raise _GivenUp
         if raw is None:
             state.busy.interrupted()
-            return self._down(device, xids)
+            return self._down(device, xids, state)
         if state.lost:
             log.info("GPU %d (%s) is readable again", ident.index, ident.uuid)
             state.lost = False
@@ -424,13 +428,15 @@ class Sampler:
             state.throttle_read_at = now
         return self._to_reading(device, raw, state, xids, now)
 
-    def _down(self, device: NvmlDevice, xids: dict[int, int]) -> GpuReading:
+    def _down(self, device: NvmlDevice, xids: dict[int, int], state: _GpuState) -> GpuReading:
         """A GPU that could not be read this tick (lost, or held by a stuck call): identity, Xid counts
-        and pods only."""
+        and pods only, and its MIG devices as last read (their allocations hold; their readings are
+        not exported while the GPU is down)."""
         ident = device.identity
+        mig = tuple(dataclasses.replace(m, pods=self._pods(m.uuid, -1)) for m in state.mig_devices)
         return GpuReading(index=ident.index, uuid=ident.uuid, name=ident.name, pci_bus_id=ident.pci_bus_id,
                           up=False, mig_enabled=ident.mig_enabled, xid_errors=xids,
-                          pods=self._pods(ident.uuid, ident.index))
+                          pods=self._pods(ident.uuid, ident.index), mig_devices=mig)
 
     def _to_reading(self, device: NvmlDevice, raw: DeviceReadings, state: _GpuState,
                     xids: dict[int, int], now: float) -> GpuReading:
@@ -486,33 +492,43 @@ class Sampler:
             idle_dips_total=dips,
             processes=processes,
             pods=self._pods(ident.uuid, ident.index),
-            mig_devices=self._mig_devices(raw.mig_readings, state) if raw.mig_readings else (),
+            mig_devices=self._mig_devices(raw.mig_readings, state),
             **dict(zip(PLAIN_READINGS, _plain_values(raw), strict=True)),
         )
 
     def _mig_devices(self, readings: tuple[MigDeviceReadings, ...],
                      state: _GpuState) -> tuple[MigReading, ...]:
+        if not readings:
+            state.mig_devices = ()
+            return ()
         busy = state.instance_busy
-        present = {m.identity.gpu_instance for m in readings}
-        for gone in set(busy) - present:  # an instance destroyed: a new one with its id starts at 0
+        # A GPU instance is known by its id and its MIG devices' UUIDs: one destroyed and made anew
+        # under the same id starts its busy time at 0.
+        members: dict[int, set[str]] = {}
+        for m in readings:
+            members.setdefault(m.identity.gpu_instance, set()).add(m.identity.uuid)
+        keys = {instance: (instance, frozenset(uuids)) for instance, uuids in members.items()}
+        for gone in set(busy) - set(keys.values()):
             del busy[gone]
         counted: set[int] = set()
         out = []
         for m in readings:
             ident = m.identity
             instance = ident.gpu_instance
+            key = keys[instance]
             # Compute instances of one GPU instance share its GPM figures: counted once per instance.
             if instance not in counted and m.graphics_active_ratio is not None and m.gpm_interval_seconds:
-                busy[instance] = busy.get(instance, 0.0) + m.graphics_active_ratio * m.gpm_interval_seconds
+                busy[key] = busy.get(key, 0.0) + m.graphics_active_ratio * m.gpm_interval_seconds
                 counted.add(instance)
             out.append(MigReading(
                 index=ident.index, gpu_instance=instance, compute_instance=ident.compute_instance,
                 uuid=ident.uuid, profile=ident.profile, memory_used_bytes=m.memory_used_bytes,
                 memory_total_bytes=m.memory_total_bytes, sm_active_ratio=m.sm_active_ratio,
                 tensor_active_ratio=m.tensor_active_ratio, dram_active_ratio=m.dram_active_ratio,
-                busy_seconds_total=busy.get(instance), pods=self._pods(ident.uuid, -1),
+                busy_seconds_total=busy.get(key), pods=self._pods(ident.uuid, -1),
             ))
-        return tuple(out)
+        state.mig_devices = tuple(out)
+        return state.mig_devices
 
     def _clock_reasons(self, mask: int) -> frozenset[str]:
         reasons = self._reasons.get(mask)

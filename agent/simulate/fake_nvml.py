@@ -307,7 +307,8 @@ def _instance_ids(gpu: GpuModel, mig_device: int | None) -> tuple[int, int]:
     """(gpuInstanceId, computeInstanceId) of a process: NVML's "none" off MIG."""
     if gpu.spec.mig != "enabled":
         return _NO_INSTANCE, _NO_INSTANCE
-    return (GPU_INSTANCE_BASE + (mig_device or 0), 0)
+    ids = gpu.hardware.mig_ids
+    return ids[mig_device or 0] if ids else (GPU_INSTANCE_BASE, 0)
 
 
 def install_library(lib: FakeNvmlLib) -> None:

@@ -30,7 +30,6 @@ from gpuscope.simulate.fake_nvml_base import (
     set_pointer,
     value_of,
 )
-from gpuscope.simulate.hardware import GPU_INSTANCE_BASE
 from gpuscope.simulate.model import GpuModel
 
 _POLL_S = 0.02  # a blocked EventSetWait re-reads the (possibly manual) scenario clock this often
@@ -222,7 +221,7 @@ class AsyncApi(LibState):
         if gpu.spec.mig != "enabled" or not gpu.spec.gpm.supported:
             return NOT_SUPPORTED
         instance = value_of(gpu_instance)
-        if not 0 <= instance - GPU_INSTANCE_BASE < len(gpu.spec.mig_devices):
+        if gpu.hardware.instance_device(instance) is None:
             return NOT_FOUND
         s = self._gpm_sample(sample)
         s.gpu, s.taken_at, s.gpu_instance = gpu.index, t, instance
@@ -244,8 +243,8 @@ class AsyncApi(LibState):
         pcie = any(name is not None and name.startswith("pcie") for name in names)
         gpu = self.gpus[first.gpu]
         if first.gpu_instance is not None:
-            values = _instance_metrics(gpu, first.gpu_instance - GPU_INSTANCE_BASE, first.taken_at,
-                                       second.taken_at)
+            device = gpu.hardware.instance_device(first.gpu_instance) or 0
+            values = _instance_metrics(gpu, device, first.taken_at, second.taken_at)
             names = [name if name in values else None for name in names]
         else:
             values = gpu.gpm_average(first.taken_at, second.taken_at, pcie=pcie)

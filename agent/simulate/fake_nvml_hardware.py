@@ -174,11 +174,11 @@ class HardwareApi(AsyncApi):
     # Functions called with a MIG device's handle: (parent GPU, MIG device index, the C arguments).
 
     def mig_nvmlDeviceGetGpuInstanceId(self, gpu: GpuModel, index: int, out: Any) -> int:
-        out._obj.value = index + GPU_INSTANCE_BASE
+        out._obj.value = gpu.hardware.mig_ids[index][0]
         return OK
 
     def mig_nvmlDeviceGetComputeInstanceId(self, gpu: GpuModel, index: int, out: Any) -> int:
-        out._obj.value = 0
+        out._obj.value = gpu.hardware.mig_ids[index][1]
         return OK
 
     def mig_nvmlDeviceGetUUID(self, gpu: GpuModel, index: int, buffer: Any, size: Any) -> int:
@@ -188,7 +188,8 @@ class HardwareApi(AsyncApi):
         return _fill(buffer, size, f"{gpu.spec.name} MIG {gpu.spec.mig_devices[index].profile}")
 
     def mig_nvmlDeviceGetMemoryInfo(self, gpu: GpuModel, index: int, memory: Any) -> int:
-        total = gpu.spec.mig_devices[index].memory_total
+        hardware = gpu.hardware
+        total = gpu.spec.mig_devices[hardware.instance_device(hardware.mig_ids[index][0]) or 0].memory_total
         used = min(total, gpu.hardware.mig_memory_used(index, gpu.loop_time(self.clock())))
         _MEMORY.set(memory._obj, total, total - used, used)
         return OK

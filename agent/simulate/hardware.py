@@ -25,7 +25,7 @@ _POLICY_REASONS: dict[int, frozenset[str]] = {
     5: frozenset(),  # NVML_PERF_POLICY_RELIABILITY
 }
 _MAX_AVERAGE_TICKS = 600
-GPU_INSTANCE_BASE = 1  # NVML numbers a GPU's instances from 1; a MIG device's is its index + 1
+GPU_INSTANCE_BASE = 1  # NVML numbers a GPU's instances from 1; a MIG device's is by default its index + 1
 
 
 class HardwareModel:
@@ -38,6 +38,13 @@ class HardwareModel:
         self._nvlink_tx = Integral(lambda tau: nvlink.tx_bytes_per_s * gpu.utilization(tau), gpu.period)
         self._nvlink_rx = Integral(lambda tau: nvlink.rx_bytes_per_s * gpu.utilization(tau), gpu.period)
         self.mig_devices: list[MigDeviceSpec] = list(spec.mig_devices)
+        # Per MIG device: (GPU instance id, compute instance id), and the device that describes its GPU
+        # instance (the first that names it).
+        self.mig_ids = [(m.gpu_instance or i + GPU_INSTANCE_BASE, m.compute_instance)
+                        for i, m in enumerate(self.mig_devices)]
+        self._instance_device: dict[int, int] = {}
+        for i, (gi, _) in enumerate(self.mig_ids):
+            self._instance_device.setdefault(gi, i)
         self._mig_streams = [noise_stream(seed, gpu.index, 1000 + i) for i in range(len(self.mig_devices))]
 
     # ---------------------------------------------------------------- throttle time
@@ -73,10 +80,16 @@ class HardwareModel:
 
     # ---------------------------------------------------------------- MIG
 
+    def instance_device(self, gpu_instance: int) -> int | None:
+        """The index of the MIG device that describes a GPU instance; None for no such instance."""
+        return self._instance_device.get(gpu_instance)
+
     def mig_memory_used(self, index: int, tau: float) -> int:
-        # A process that names no MIG device runs on the first, as its instance ids say.
+        """The memory in use in the MIG device's GPU instance (its compute instances share it). A
+        process that names no MIG device runs on the first."""
+        gi = self.mig_ids[index][0]
         return sum(p.spec.memory for p in self._gpu.active_processes(tau)
-                   if (p.spec.mig_device or 0) == index)
+                   if self.mig_ids[p.spec.mig_device or 0][0] == gi)
 
     def mig_activity(self, index: int, t1: float, t2: float) -> float:
         """The MIG device's mean activity (0-1) over the ticks between two GPM samples."""

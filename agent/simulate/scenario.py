@@ -10,6 +10,7 @@ time (phases, lost windows, Xid events, failures, process start/stop) repeats ea
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -40,7 +41,7 @@ DEVICE_FUNCTIONS = frozenset({
 PCIE_ERROR_TYPES = ("correctable", "non_fatal", "fatal", "receiver", "bad_tlp", "bad_dllp", "lcrc",
                     "naks_received", "naks_sent", "unsupported_request")
 NVLINK_ERROR_TYPES = ("crc_flit", "crc_data", "replay", "recovery")
-MIG_PROFILE = r"^[1-8]g\.[1-9][0-9]*gb(\+me)?$"
+MIG_PROFILE = r"^([1-7]c\.)?[1-8]g\.[1-9][0-9]*gb(\+me)?$"  # a compute instance: "1c.3g.40gb"
 REASON_BITS = {name: bit for bit, name in CLOCK_EVENT_REASONS.items()}
 # "hang": the call does not return while the window lasts (a stuck driver, as around Xid 79).
 FailureCode = Literal["unknown", "not_supported", "timeout", "no_permission", "gpu_is_lost", "no_data",
@@ -245,19 +246,26 @@ class PodSpec(_Model):
 
 
 class MigDeviceSpec(_Model):
-    """A MIG device of a GPU in MIG mode: one GPU instance with one compute instance."""
+    """A MIG device of a GPU in MIG mode: a compute instance of a GPU instance. By default each is a
+    GPU instance of its own (id: its index + 1) with one compute instance (id 0); MIG devices that name
+    the same ``gpu_instance`` are compute instances of one GPU instance, which the first of them
+    describes (memory, activity)."""
 
-    profile: str = Field(pattern=MIG_PROFILE)  # e.g. 1g.10gb, 3g.40gb
+    profile: str = Field(pattern=MIG_PROFILE)  # e.g. 1g.10gb, 3g.40gb; 1c.3g.40gb: a compute instance
     memory: ByteSize | None = None  # default: the profile's size
     # The instance's activity (GPM graphics activity; SM, tensor and DRAM activity as gpm's levels).
     utilization: Pattern = SteadyPattern(level=0.0)
     pods: list[PodSpec] = []
+    gpu_instance: int | None = Field(None, ge=1, le=14)
+    compute_instance: int = Field(0, ge=0, le=7)
 
     @property
     def memory_total(self) -> int:
         if self.memory is not None:
             return int(self.memory)
-        return int(self.profile.split(".")[1].split("gb")[0]) * _GiB - 512 * _MiB
+        gigabytes = re.search(r"([0-9]+)gb", self.profile)
+        assert gigabytes is not None  # the pattern above requires it
+        return int(gigabytes.group(1)) * _GiB - 512 * _MiB
 
 
 class PhaseSpec(_Model):
@@ -334,7 +342,11 @@ class GpuSpec(_Model):
             if proc.mig_device is not None and proc.mig_device >= len(self.mig_devices):
                 raise ValueError(f"processes[{j}].mig_device: {proc.mig_device} is not an index of "
                                  "mig_devices")
-        if sum(m.memory_total for m in self.mig_devices) > self.memory.total:
+        ids = [(m.gpu_instance or i + 1, m.compute_instance) for i, m in enumerate(self.mig_devices)]
+        if len(set(ids)) != len(ids):
+            raise ValueError("two MIG devices with the same GPU and compute instance ids")
+        first_of_instance = {gi: m for (gi, _), m in reversed(list(zip(ids, self.mig_devices, strict=True)))}
+        if sum(m.memory_total for m in first_of_instance.values()) > self.memory.total:
             raise ValueError("the MIG devices' memory exceeds memory.total")
         return self
 

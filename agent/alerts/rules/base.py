@@ -272,8 +272,13 @@ class Rule(Generic[ConfigT]):
                 yield gpu, window, mean
 
     def _instances(self, history: NodeHistory) -> Iterable[tuple[int, InstanceOccupancy]]:
-        """(gpu, MIG device) for the MIG devices of the GPUs up now, in GPU and device index order."""
+        """(gpu, MIG device) for the MIG devices of the GPUs up now, in GPU and device index order;
+        none of a GPU whose MIG devices could not be listed this tick (as last listed, their busy
+        counters stand still: not evidence of an idle device)."""
+        unknown = history.mig_unknown
         for gpu in sorted(history.up):
+            if unknown and gpu in unknown:
+                continue
             devices = history.instances(gpu)
             if devices:
                 yield from ((gpu, d) for d in sorted(devices.values(), key=lambda d: d.reading.index))
