@@ -232,3 +232,23 @@ gpus:
     assert failing.nvlink_errors_total == {"crc_flit": 0, "crc_data": 0, "replay": 3, "recovery": 0}
     again = ticks(sampler, clock, until=31.0).gpus[0]
     assert again.nvlink_link_errors_total is not None and again.nvlink_link_errors_total[1]["replay"] == 3
+
+
+def test_mig_mode_switched_while_running_is_followed(simulate: Start, clock: ManualClock,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver says MIG is on from some tick (an administrator ran nvidia-smi -mig 1), then off:
+    the utilization samples stop and start again, without an agent restart."""
+    import pynvml
+
+    simulate("gpus: [{utilization: 0.8}]")
+    sampler = make_sampler(clock, health_interval_seconds=1.0)
+    before = ticks(sampler, clock, until=3.0).gpus[0]
+    assert not before.mig_enabled and before.busy_seconds_total is not None
+    real = pynvml.nvmlDeviceGetMigMode
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMigMode", lambda handle: [1, 1])
+    on = ticks(sampler, clock, until=6.0).gpus[0]
+    assert on.mig_enabled and on.utilization_samples == () and on.mig_devices == ()
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMigMode", real)
+    off = ticks(sampler, clock, until=9.0).gpus[0]
+    assert not off.mig_enabled and off.utilization_samples  # read again: not left "unsupported"
+    assert off.busy_seconds_total is not None and off.busy_seconds_total > before.busy_seconds_total
