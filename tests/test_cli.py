@@ -411,3 +411,22 @@ def test_snapshot_table_of_a_simulated_mig_node() -> None:
     assert [d[1] for d in devices] == ["3g.40gb", "2g.20gb", "1g.10gb"]
     assert devices[2][-1] == "research/notebook-alice/jupyter"
     assert all(d[6].endswith("%") for d in devices)  # a busy share over the half second
+
+
+H100_TRACE = Path(__file__).parent / "fixtures" / "traces" / "h100" / "deep_narrow_mlp.pt.trace.json.gz"
+
+
+@pytest.mark.parametrize("args", [("scenarios", "--json"), ("scenarios",), ("--help",),
+                                  ("explain", "--json", str(H100_TRACE)), ("explain", str(H100_TRACE))])
+def test_a_reader_that_went_away_ends_the_command_without_a_traceback(args: tuple[str, ...]) -> None:
+    """`gpuscope … | head`: the pipe's reader is gone before the command writes (its read end is
+    closed at once), so every write fails; the command ends as one killed by SIGPIPE would, quietly."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", "gpuscope", *args], stdout=write_end,
+                                stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
+    assert result.returncode in (0, 128 + signal.SIGPIPE), (result.returncode, result.stderr)

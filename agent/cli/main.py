@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,9 @@ from gpuscope.config import Settings, load_settings
 from gpuscope.version import __version__
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+# The reader of the output went away (`gpuscope explain --json … | head`): the status a command killed
+# by SIGPIPE has, so that a shell's pipefail sees it, and no traceback.
+EXIT_CLOSED_PIPE = 128 + 13
 SNAPSHOT_LOG_LEVEL = "error"  # `snapshot` logs only errors unless --log-level says otherwise
 
 
@@ -100,6 +104,20 @@ def _setup_logging(level: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        status = _command(argv)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe would print a traceback
+    except BrokenPipeError:
+        # Whatever is still buffered cannot be written: point stdout at /dev/null so that the flush at
+        # exit has nowhere to fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_CLOSED_PIPE
+    return status
+
+
+def _command(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("capture", "captures"):
         from gpuscope.cli.capture import run_capture_command
