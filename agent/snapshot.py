@@ -8,9 +8,11 @@ the exporters turn into an absent series, never a 0.
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from typing import Any, Literal, Protocol, TypeVar
 
 ProcessKind = Literal["compute", "graphics"]
 STALE_AFTER_INTERVALS = 3  # a snapshot older than this many sampling intervals is stale
@@ -214,6 +216,93 @@ class Snapshot:
             gpu["clock_event_reasons"] = None if reasons is None else sorted(reasons)
             gpu["xid_errors"] = {str(k): v for k, v in gpu["xid_errors"].items()}
         return data
+
+    @classmethod
+    def from_json(cls, data: object) -> Snapshot:
+        """The Snapshot that ``to_json`` gave ``data`` (parsed JSON, e.g. an agent's /api/v1/snapshot):
+        the dataclasses rebuilt, lists back to tuples and frozensets, string keys of Xid codes and NVLink
+        links back to ints; the derived ``health`` is dropped, as are keys this version does not know (a
+        newer agent's). SnapshotJsonError names the first field that does not fit."""
+        return _from_json(cls, data, "snapshot")
+
+
+class SnapshotJsonError(ValueError):
+    """A snapshot's JSON does not fit the Snapshot: the message names the field (``gpus[0].index``)."""
+
+
+_T = TypeVar("_T")
+
+
+def _from_json(cls: type[_T], data: object, where: str) -> _T:
+    if not isinstance(data, dict):
+        raise SnapshotJsonError(f"{where}: expected a JSON object, got {_kind(data)}")
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in fields(cls):  # type: ignore[arg-type]  # every caller passes a dataclass
+        if f.name in data:
+            values[f.name] = _value(hints[f.name], data[f.name], f"{where}.{f.name}")
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise SnapshotJsonError(f"{where}.{f.name}: missing")
+    return cls(**values)
+
+
+def _value(hint: Any, value: object, where: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]  # the snapshot's unions are all "X | None"
+        return _value(hint, value, where)
+    if is_dataclass(hint) and isinstance(hint, type):
+        return _from_json(hint, value, where)
+    if origin is Literal:
+        if value not in args:
+            raise SnapshotJsonError(f"{where}: expected one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise SnapshotJsonError(f"{where}: expected true or false, got {_kind(value)}")
+        return value
+    if hint is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise SnapshotJsonError(f"{where}: expected an integer, got {_kind(value)}")
+        return value
+    if hint is float:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise SnapshotJsonError(f"{where}: expected a number, got {_kind(value)}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise SnapshotJsonError(f"{where}: expected a string, got {_kind(value)}")
+        return value
+    if origin in (tuple, frozenset):
+        if not isinstance(value, list):
+            raise SnapshotJsonError(f"{where}: expected a list, got {_kind(value)}")
+        items = (_value(args[0], item, f"{where}[{i}]") for i, item in enumerate(value))
+        return tuple(items) if origin is tuple else frozenset(items)
+    if origin is Mapping:
+        if not isinstance(value, dict):
+            raise SnapshotJsonError(f"{where}: expected a JSON object, got {_kind(value)}")
+        key_hint, item_hint = args
+        return {_key(key_hint, key, where): _value(item_hint, item, f"{where}[{key!r}]")
+                for key, item in value.items()}
+    raise TypeError(f"{where}: no JSON conversion for {hint!r}")  # a new field's type: teach _value
+
+
+def _key(hint: Any, key: str, where: str) -> Any:
+    if hint is int:  # Xid codes and NVLink link numbers: strings in JSON
+        try:
+            return int(key)
+        except ValueError:
+            raise SnapshotJsonError(f"{where}: expected integer keys, got {key!r}") from None
+    return key
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "an object"}.get(type(value), type(value).__name__)
 
 
 class SnapshotSource(Protocol):

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -145,6 +146,8 @@ def test_snapshot_without_nvml_suggests_a_simulated_node(tmp_path: Path) -> None
 
 
 def test_snapshot_without_nvml_names_the_running_agents_snapshot(tmp_path: Path) -> None:
+    """A running agent answers `gpuscope snapshot`, by HTTP or by its control socket: its snapshot is
+    printed (here its simulated node, though this machine has no driver) and stderr says whose it is."""
     with run_agent(tmp_path, "--simulate", "healthy", "--sample-interval", "200ms") as agent:
         env = {**os.environ, "GPUSCOPE_WEB__LISTEN_ADDRESS": f"127.0.0.1:{agent.port}",
                "GPUSCOPE_CONTROL__SOCKET": str(tmp_path / "none.sock")}
@@ -154,11 +157,15 @@ def test_snapshot_without_nvml_names_the_running_agents_snapshot(tmp_path: Path)
                "GPUSCOPE_CONTROL__SOCKET": str(tmp_path / f"control-{agent.port}.sock")}  # run_agent's
         by_socket = subprocess.run([sys.executable, "-m", "gpuscope", "snapshot"], capture_output=True,
                                    text=True, check=False, timeout=60, env=env)
-    assert by_http.returncode == 1 and "--simulate NAME" in by_http.stderr
-    assert f"its latest snapshot is at http://127.0.0.1:{agent.port}/api/v1/snapshot" in by_http.stderr
-    assert by_socket.returncode == 1 and "--simulate NAME" in by_socket.stderr
-    assert f"a gpuscope agent is running here (control socket {tmp_path}/control-{agent.port}.sock)" \
-        in by_socket.stderr
+    assert by_http.returncode == 0, by_http.stderr
+    assert f"snapshot of the running agent at http://127.0.0.1:{agent.port} (node " in by_http.stderr
+    assert by_socket.returncode == 0, by_socket.stderr
+    assert f"snapshot of the running agent at control socket {tmp_path}/control-{agent.port}.sock (node " \
+        in by_socket.stderr and "simulating healthy" in by_socket.stderr
+    for result in (by_http, by_socket):
+        assert "4 GPU(s)" in result.stdout and "NVIDIA" in result.stdout and "train-rank0" in result.stdout
+        assert "NVML is not available" not in result.stdout and "--simulate NAME" not in result.stderr
+        assert "Traceback" not in result.stderr
 
 
 def test_snapshot_json_is_the_snapshot() -> None:
@@ -430,3 +437,107 @@ def test_a_reader_that_went_away_ends_the_command_without_a_traceback(args: tupl
         os.close(write_end)
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
     assert result.returncode in (0, 128 + signal.SIGPIPE), (result.returncode, result.stderr)
+
+
+def test_snapshot_json_of_the_running_agent(tmp_path: Path) -> None:
+    with run_agent(tmp_path, "--simulate", "healthy", "--sample-interval", "200ms") as agent:
+        env = {**os.environ, "GPUSCOPE_WEB__LISTEN_ADDRESS": f"127.0.0.1:{agent.port}",
+               "GPUSCOPE_CONTROL__SOCKET": str(tmp_path / "none.sock")}
+        result = gpuscope("snapshot", "--json", env=env)
+        served = json.loads(agent.get("/api/v1/snapshot")[1])
+    assert result.returncode == 0, result.stderr
+    assert f"snapshot of the running agent at http://127.0.0.1:{agent.port}" in result.stderr
+    data = json.loads(result.stdout)
+    assert data["nvml_up"] is True and len(data["gpus"]) == 4 and data["hostname"] == served["hostname"]
+    assert data["gpus"][0]["processes"][0]["name"] == "train-rank0" and "health" in data["gpus"][0]
+
+
+def test_snapshot_on_all_interfaces_asks_the_agent_at_loopback(tmp_path: Path) -> None:
+    """web.listen_address ":PORT" (every interface): the command asks 127.0.0.1:PORT."""
+    with run_agent(tmp_path, "--simulate", "healthy", "--sample-interval", "200ms") as agent:
+        env = {**os.environ, "GPUSCOPE_WEB__LISTEN_ADDRESS": f":{agent.port}",
+               "GPUSCOPE_CONTROL__SOCKET": str(tmp_path / "none.sock")}
+        result = gpuscope("snapshot", env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"snapshot of the running agent at http://127.0.0.1:{agent.port} (node " in result.stderr
+
+
+def test_snapshot_with_simulate_samples_its_own_node_not_the_agents(tmp_path: Path) -> None:
+    with run_agent(tmp_path, "--simulate", "healthy", "--sample-interval", "200ms") as agent:
+        env = {**os.environ, "GPUSCOPE_WEB__LISTEN_ADDRESS": f"127.0.0.1:{agent.port}",
+               "GPUSCOPE_CONTROL__SOCKET": str(tmp_path / f"control-{agent.port}.sock")}
+        result = gpuscope("snapshot", "--simulate", "shared-gpu", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "sampling its own simulated node (--simulate shared-gpu), not the running agent's" in result.stderr
+    assert "snapshot of the running agent" not in result.stderr and "compute" in result.stdout
+
+
+def test_snapshot_from_json_rebuilds_the_snapshot() -> None:
+    from snapshots import make_full_snapshot
+
+    from gpuscope.snapshot import Snapshot
+
+    snapshot = make_full_snapshot()
+    assert any(g.mig_devices for g in snapshot.gpus) and any(g.nvlink_link_bytes for g in snapshot.gpus)
+    assert Snapshot.from_json(json.loads(json.dumps(snapshot.to_json()))) == snapshot
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (lambda d: d.pop("hostname"), "snapshot.hostname: missing"),
+    (lambda d: d["gpus"][0].update(index="0"), "snapshot.gpus[0].index: expected an integer, got a string"),
+    (lambda d: d["gpus"][0].update(xid_errors={"x": 1}), "gpus[0].xid_errors: expected integer keys"),
+    (lambda d: d["gpus"][0].update(processes={}), "gpus[0].processes: expected a list, got an object"),
+    (lambda d: d["gpus"][0]["processes"][0].update(kind="cuda"), "gpus[0].processes[0].kind: expected one"),
+])
+def test_snapshot_from_json_names_the_malformed_field(change: Any, expected: str) -> None:
+    from snapshots import make_full_snapshot
+
+    from gpuscope.snapshot import Snapshot, SnapshotJsonError
+
+    data = json.loads(json.dumps(make_full_snapshot().to_json()))
+    change(data)
+    with pytest.raises(SnapshotJsonError, match=re.escape(expected)):
+        Snapshot.from_json(data)
+    with pytest.raises(SnapshotJsonError, match="snapshot: expected a JSON object, got a list"):
+        Snapshot.from_json([])
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    (200, "cannot read (snapshot.gpus[0].index: expected an integer, got a string); not using it"),
+    (401, "requires authentication (401 Unauthorized"),
+])
+def test_snapshot_falls_back_to_sampling_when_the_agent_cannot_be_used(
+        tmp_path: Path, status: int, expected: str) -> None:
+    """Something answering as a gpuscope agent with a snapshot that does not fit, or wanting a password:
+    said in one line, and the command samples the node itself (no driver here: today's hints)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def version_string(self) -> str:
+            return "gpuscope/0"
+
+        def do_GET(self) -> None:
+            body = json.dumps({"timestamp": 1.0, "hostname": "x", "nvml_up": True, "driver_version": None,
+                               "gpus": [{"index": "zero"}], "sample_duration_seconds": 0.1}).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {**os.environ, "GPUSCOPE_WEB__LISTEN_ADDRESS": f"127.0.0.1:{server.server_port}",
+               "GPUSCOPE_CONTROL__SOCKET": str(tmp_path / "none.sock")}
+        result = gpuscope("snapshot", env=env)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "Traceback" not in result.stderr
+    assert expected in result.stderr
+    assert result.returncode == 1 and "NVML is not available" in result.stdout
+    assert "snapshot of the running agent" not in result.stderr

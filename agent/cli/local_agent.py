@@ -31,7 +31,7 @@ class LocalAgent:
 def find_local_agent(listen_address: str, control_socket: Path) -> LocalAgent | None:
     """The agent listening at ``listen_address`` (HTTP) or on ``control_socket``; None if neither."""
     url = _http_agent(listen_address)
-    sock = control_socket if _accepts(control_socket) else None
+    sock = control_socket if accepts(control_socket) else None
     return None if url is None and sock is None else LocalAgent(url, sock)
 
 
@@ -55,7 +55,8 @@ def _http_agent(listen_address: str) -> str | None:
     return f"http://{format_host_port(host, address.port)}" if server.split("/")[0] == SERVER_NAME else None
 
 
-def _accepts(path: Path) -> bool:
+def accepts(path: Path) -> bool:
+    """Something accepts connections on the Unix socket ``path`` (or it is there but not for us)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(PROBE_TIMEOUT_S)
         try:

@@ -1,7 +1,10 @@
 """`gpuscope snapshot`: one snapshot of the node, as a table (GPUs, then processes) or as JSON.
 
-It builds the node's sampling exactly as `gpuscope run` does (NodeSampling: the same settings, pods
-and simulation), takes two ticks half a second apart so that rates cover a real interval, and exits.
+Without --simulate it asks the agent running on this machine first (its control socket, then its HTTP
+endpoint: agent_snapshot.py) and prints that agent's latest snapshot, saying on stderr which agent
+answered. Only when none answers (and always with --simulate) does it sample the node itself: it
+builds the node's sampling exactly as `gpuscope run` does (NodeSampling: the same settings, pods and
+simulation), takes two ticks half a second apart so that rates cover a real interval, and exits.
 
 In the table, a GPU in MIG mode is followed by its MIG devices (profile, GPU and compute instance ids,
 busy share over the half second, SM activity, memory, processes on it, pods), and a GPU whose health
@@ -16,6 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from gpuscope.cli.agent_snapshot import ask_running_agent
 from gpuscope.cli.local_agent import find_local_agent, no_nvml_hints
 from gpuscope.config import Settings
 from gpuscope.sampling.node import NodeSampling
@@ -24,9 +28,30 @@ from gpuscope.snapshot import GpuReading, MigReading, PodContainer, SlurmJob, Sn
 EXIT_OK, EXIT_FAILURE = 0, 1
 
 
+def _note(line: str) -> None:
+    print(f"gpuscope: {line}", file=sys.stderr)
+
+
 def print_snapshot(settings: Settings, *, as_json: bool) -> int:
-    """Print one snapshot; exit 0, or 1 when NVML is not available (then stderr says what to try, and
-    where a running agent's snapshot is). ConfigError for a bad scenario."""
+    """Print one snapshot, the running agent's if one answers, else one sampled here; exit 0, or 1
+    when NVML is not available (then stderr says what to try, and where a running agent's snapshot
+    is). ConfigError for a bad scenario."""
+    if settings.simulate is None:
+        answer = ask_running_agent(settings, _note)
+        if answer is not None:
+            _note(f"snapshot of the running agent at {answer.where} ({answer.details})")
+            snapshot = answer.snapshot
+            print(json.dumps(answer.document, indent=2) if as_json else format_snapshot(snapshot))
+            if not snapshot.nvml_up:
+                _note("the running agent finds no NVIDIA driver on this machine either")
+            return EXIT_OK if snapshot.nvml_up else EXIT_FAILURE
+    else:
+        _note(f"sampling its own simulated node (--simulate {settings.simulate}), not the running agent's")
+    return _sample_here(settings, as_json=as_json)
+
+
+def _sample_here(settings: Settings, *, as_json: bool) -> int:
+    """Sample the node as `gpuscope run` would, twice half a second apart, and print the second tick."""
     sampling = NodeSampling(settings)
     sampling.install()
     try:
@@ -43,6 +68,7 @@ def print_snapshot(settings: Settings, *, as_json: bool) -> int:
         sampling.uninstall()
     print(json.dumps(snapshot.to_json(), indent=2) if as_json else format_snapshot(snapshot, previous=first))
     if not snapshot.nvml_up and settings.simulate is None:  # a simulated node without a driver is on purpose
+        # No agent gave its snapshot; one may still be there (its HTTP port wants a password or TLS).
         agent = find_local_agent(settings.web.listen_address, settings.control.socket)
         for line in no_nvml_hints(agent):
             print(f"gpuscope: {line}", file=sys.stderr)
