@@ -301,14 +301,15 @@ def test_a_summary_that_does_not_name_its_gpu_gets_it_in_the_log(caplog: pytest.
 def test_a_clearing_alert_says_so_and_quotes_its_last_evidence() -> None:
     engine = AlertEngine([Below.configured(clear_for=3.0)], hostname="n")
     drive(engine, [(0.3,)])
-    assert engine.alerts()[0].summary == "GPU 0 at 0.3"
+    assert engine.alerts()[0].summary == "GPU 0 at 0.3" and not engine.alerts()[0].clearing
     drive(engine, [(0.9,)] * 3, start=1)  # false at 1, 2 and 3 s: resolves at 4 s
     (alert,) = engine.alerts()
     assert alert.state == "firing" and alert.values == {"utilization": 0.3}
+    assert alert.clearing and alert.to_json()["clearing"] is True
     assert alert.summary == ("clearing: its condition no longer holds (2s of the 3s that resolve the alert); "
                              "last evidence: GPU 0 at 0.3")
     drive(engine, [(0.4,)], start=4)  # true again: the current evidence, no longer clearing
-    assert engine.alerts()[0].summary == "GPU 0 at 0.4"
+    assert engine.alerts()[0].summary == "GPU 0 at 0.4" and not engine.alerts()[0].clearing
 
 
 def test_long_span_windows_keep_marks_not_every_tick() -> None:

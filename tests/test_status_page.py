@@ -590,10 +590,33 @@ def test_headless_chromium_renders_the_demo_node(tmp_path: Path) -> None:
     alerts = re.search(r'<section id="alerts">.*?</section>', page, re.S)
     assert alerts is not None, page[:3000]
     for name in firing:
-        assert re.search(rf'<tr class="alert firing">.*?<b>{name}</b>', alerts.group(0)), name
+        # firing, or firing and clearing when the page was taken (its own badge since it says so)
+        row = rf'<tr class="alert (?:firing|clearing) [a-z]+">.*?<b>{name}</b>'
+        assert re.search(row, alerts.group(0)), name
     for process in ("train-rank0", "train-rank1", "train-rank2", "eval-job", "train-rank3"):
         assert process in page
     assert "llm-pretrain-0" in page and "research" in page
     assert page.count("<polyline") >= 4  # a sparkline per GPU, fed by the sampler since the start
     if os.environ.get("STATUS_PAGE_SCREENSHOT"):  # keep it to look at
         shutil.copy(screenshot, os.environ["STATUS_PAGE_SCREENSHOT"])
+
+
+def test_firing_clearing_and_pending_alerts_look_apart_and_critical_ones_stand_out(tmp_path: Path) -> None:
+    """A firing alert whose condition no longer holds is shown as clearing, not beside a red
+    "firing" badge; a critical alert is marked so, and listed before the warnings."""
+    clearing = replace(make_alert("GpuLowUtilization", 0, "firing",
+                                  "clearing: its condition no longer holds (40s of the 5m needed)"),
+                       clearing=True)
+    xid = replace(make_alert("GpuXidError", 1, "firing", "GPU 1 reported Xid 79"), severity="critical")
+    with serving(tmp_path) as served:
+        served.alerts.current = [
+            make_alert("GpuHeldIdle", 2, "firing", "GPU 2 is held but idle"), clearing, xid,
+            make_alert("GpuFrequentIdleDips", 3, "pending", "GPU 3 dips to idle"),
+        ]
+        page = served.page()
+    rows = re.findall(r'<tr class="alert ([a-z]+) ([a-z]+)"><td><span class="badge ([a-z]+)">', page)
+    assert rows == [("firing", "critical", "firing"), ("firing", "warning", "firing"),
+                    ("clearing", "warning", "clearing"), ("pending", "warning", "pending")]
+    assert '<span class="severity critical">critical</span>' in page
+    assert "Alerts: 2 firing, 1 clearing, 1 pending" in page
+    assert ".badge.clearing{" in page and ".severity.critical{" in page

@@ -205,7 +205,8 @@ class AlertEngine:
                 alerts.append(Alert(
                     name=rule.name, gpu=key_gpu(key), uuid=s.uuid, severity=rule.severity, state=s.state,
                     hostname=self.hostname, active_since=s.active_since, firing_since=s.firing_since,
-                    values=c.values, summary=summary, labels=c.labels))
+                    values=c.values, summary=summary, labels=c.labels,
+                    clearing=s.state == "firing" and s.false_since is not None))
         with self._lock:
             self._alerts = alerts
             for t in transitions:

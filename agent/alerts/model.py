@@ -65,13 +65,16 @@ class Alert:
     values: Mapping[str, float]
     summary: str
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Firing, but its condition no longer holds: it resolves once that has lasted the rule's
+    # resolve_after (the summary says how long so far).
+    clearing: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
             "alertname": self.name, "gpu": self.gpu, "uuid": self.uuid, "severity": self.severity,
             "state": self.state, "hostname": self.hostname, "active_since": self.active_since,
             "firing_since": self.firing_since, "values": dict(self.values), "summary": self.summary,
-            "labels": dict(self.labels),
+            "labels": dict(self.labels), "clearing": self.clearing,
         }
 
 

@@ -125,19 +125,29 @@ def _alerts_section(view: StatusView) -> str:
                                   "(<code>alerting.enabled</code>).</p>")
     if not view.alerts:
         return _section("Alerts", '<p class="note ok">No alert is pending or firing.</p>')
-    ordered = sorted(view.alerts, key=lambda a: (a.state != "firing", a.gpu, a.name))
+    # Firing first (critical before warning), then clearing, then pending.
+    ordered = sorted(view.alerts, key=lambda a: (_shown_state(a) != "firing", _shown_state(a) != "clearing",
+                                                 a.severity != "critical", a.gpu, a.name))
     rows = []
     for alert in ordered:
         since = alert.firing_since if alert.state == "firing" and alert.firing_since else alert.active_since
-        state = _e(alert.state)
+        state = _shown_state(alert)
+        severity = _e(alert.severity)
         rows.append(
-            f'<tr class="alert {state}"><td><span class="badge {state}">{state}</span></td>'
+            f'<tr class="alert {state} {severity}"><td><span class="badge {state}">{state}</span></td>'
             f"<td><b>{_e(alert.name)}</b></td><td class=\"num\">{alert.gpu}{_alert_device(alert)}</td>"
-            f'<td>{_e(alert.severity)}</td><td class="nowrap">{_duration(max(0.0, view.now - since))}</td>'
+            f'<td><span class="severity {severity}">{severity}</span></td>'
+            f'<td class="nowrap">{_duration(max(0.0, view.now - since))}</td>'
             f"<td>{_e(alert.summary)}</td></tr>")
-    firing = sum(1 for a in view.alerts if a.state == "firing")
-    title = f"Alerts: {firing} firing, {len(view.alerts) - firing} pending"
+    counts = {shown: sum(1 for a in view.alerts if _shown_state(a) == shown)
+              for shown in ("firing", "clearing", "pending")}
+    title = "Alerts: " + ", ".join(f"{n} {shown}" for shown, n in counts.items() if n or shown != "clearing")
     return _section(title, _table(("State", "Alert", "GPU", "Severity", "For", "Summary"), rows), "alerts")
+
+
+def _shown_state(alert: Alert) -> str:
+    """firing, clearing (firing, its condition no longer holding) or pending."""
+    return "clearing" if alert.clearing else alert.state
 
 
 def _gpus_section(view: StatusView, snapshot: Snapshot) -> str:
@@ -506,6 +516,9 @@ tr.alert.firing td{background:#fff5f5}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:700;
  white-space:nowrap;margin:1px 0}
 .badge.firing,.badge.down{background:#dc2626;color:#fff}
+.badge.clearing{background:#f59e0b;color:#fff}
+.severity.critical{background:#7f1d1d;color:#fff;border-radius:3px;padding:0 4px;font-weight:600}
+tr.alert.clearing td{background:#fffbeb}
 .badge.pending{background:#fcd34d;color:#422006}
 .badge.up{background:#16a34a;color:#fff}
 .badge.health.reset_required{background:#f59e0b;color:#422006}
