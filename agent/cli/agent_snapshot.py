@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import http.client
 import ipaddress
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,8 +21,9 @@ from typing import Any
 
 import yaml
 
-from gpuscope.cli.local_agent import accepts
-from gpuscope.common.addresses import AddressError, format_host_port, parse_host_port
+from gpuscope.cli.local_agent import accepts, listening_at
+from gpuscope.common.addresses import format_host_port
+from gpuscope.common.json_input import JsonInputError, load_json
 from gpuscope.config import Settings
 from gpuscope.snapshot import Snapshot, SnapshotJsonError
 from gpuscope.web.server import SERVER_NAME
@@ -104,11 +104,8 @@ def _by_socket(settings: Settings) -> AgentSnapshot | None:
 
 def _loopback_host(listen_address: str) -> tuple[str, int] | None:
     """Where to ask an agent listening at ``listen_address`` on this machine: loopback only."""
-    try:
-        address = parse_host_port(listen_address, listen=True)
-    except AddressError:
-        return None
-    if address.port == 0:  # any free port: nothing to find
+    address = listening_at(listen_address)
+    if address is None:
         return None
     host = address.host
     if host in ("", "0.0.0.0"):
@@ -157,8 +154,8 @@ def _by_http(settings: Settings) -> AgentSnapshot | None:
     if status != 200:
         raise _NoAnswer(f"the agent at {where} answered {SNAPSHOT_PATH} with HTTP {status}")
     try:
-        document = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as err:
+        document = load_json(body, max_bytes=MAX_SNAPSHOT_BYTES)
+    except JsonInputError as err:
         raise _NoAnswer(f"the agent at {where} sent a snapshot that is not JSON ({err})") from None
     if not isinstance(document, dict):
         raise _NoAnswer(f"the agent at {where} sent a snapshot that is not a JSON object")

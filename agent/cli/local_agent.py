@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuscope.common.addresses import AddressError, format_host_port, parse_host_port
+from gpuscope.common.addresses import AddressError, HostPort, format_host_port, parse_host_port
 from gpuscope.web.server import SERVER_NAME
 
 PROBE_TIMEOUT_S = 0.5  # a local listener answers at once; nothing listening is refused at once
@@ -35,12 +35,19 @@ def find_local_agent(listen_address: str, control_socket: Path) -> LocalAgent | 
     return None if url is None and sock is None else LocalAgent(url, sock)
 
 
-def _http_agent(listen_address: str) -> str | None:
+def listening_at(listen_address: str) -> HostPort | None:
+    """The address an agent configured with ``listen_address`` listens at; None where there is nothing
+    to find (not an address, or any free port)."""
     try:
         address = parse_host_port(listen_address, listen=True)
     except AddressError:
         return None
-    if address.port == 0:  # any free port: nothing to find
+    return None if address.port == 0 else address
+
+
+def _http_agent(listen_address: str) -> str | None:
+    address = listening_at(listen_address)
+    if address is None:
         return None
     host = "localhost" if address.host in _WILDCARDS else address.host
     connection = http.client.HTTPConnection(host, address.port, timeout=PROBE_TIMEOUT_S)
