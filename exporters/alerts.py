@@ -3,7 +3,8 @@
 Like SnapshotCollector, every scrape builds fresh families from what the AlertSource reports now: an
 alert that stops firing is gone from the next scrape. Pending alerts are not exported (Prometheus'
 own ``ALERTS`` series has them, with an ``alertstate`` label; the agent's are for dashboards that
-show what the agent itself concluded). The catalogue entries are in docs/metrics.md ("Alerts").
+show what the agent itself concluded), nor are alerts muted by a greater one on their GPU
+(alerts/inhibition.py). The catalogue entries are in docs/metrics.md ("Alerts").
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ class AlertCollector(Collector):
         # one series for both, since a duplicate series makes Prometheus reject the whole scrape.
         firing = sorted({
             (alert.name, str(alert.gpu), alert.uuid, alert.severity)
-            for alert in self._source.alerts() if alert.state == "firing"
+            for alert in self._source.alerts() if alert.state == "firing" and not alert.inhibited_by
         })
         if firing:
             family = GaugeMetricFamily(
                 "gpuscope_alert_firing",
-                "Whether an alert of the agent's own rules is firing on the GPU (1); absent when it is not.",
+                "Whether an alert of the agent's own rules is firing on the GPU (1); absent when it is not, "
+                "or when a greater alert on the GPU inhibits it.",
                 labels=FIRING_LABELS)
             for labels in firing:
                 family.add_metric(labels, 1.0)

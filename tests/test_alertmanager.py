@@ -17,13 +17,16 @@ import socket
 import threading
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import yaml
 from agent_process import free_port, http_get, run_ready_server
 
 from gpuscope.alerts.alertmanager import (
@@ -33,6 +36,7 @@ from gpuscope.alerts.alertmanager import (
     instance_label,
 )
 from gpuscope.alerts.config import AlertmanagerConfig
+from gpuscope.alerts.inhibition import EQUAL_LABELS, INHIBITS
 from gpuscope.alerts.model import Alert, Transition, TransitionState
 
 pytestmark = pytest.mark.e2e
@@ -97,7 +101,8 @@ def make_transition(name: str, state: TransitionState, *, gpu: int = 1, at: floa
     now = time.time() if at is None else at
     return Transition(
         name=name, gpu=gpu, uuid=f"GPU-{gpu:08d}-test", severity="warning", hostname=HOSTNAME,
-        previous={"pending": None, "firing": "pending", "resolved": "firing", "inactive": "pending"}[state],
+        previous={"pending": None, "firing": "pending", "resolved": "firing", "inactive": "pending",
+                  "inhibited": "firing"}[state],
         state=state, at=now, active_since=now - 120, values={"mean_utilization": 0.55, "processes": 1.0},
         summary=f"GPU {gpu} mean utilization 55% < 80% over 2m", labels=labels or {},
     )
@@ -412,3 +417,76 @@ def test_refused_resend_waits_for_the_next_interval() -> None:
 ])
 def test_instance_label(host: str, port: int, expected: str) -> None:
     assert instance_label(host, port, HOSTNAME) == expected
+
+
+# -- inhibition ---------------------------------------------------------------------------------------
+
+SHIPPED_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "alertmanager" / "alertmanager.yml"
+
+
+def test_a_firing_alert_that_becomes_inhibited_ends_and_is_not_resent(alertmanager: str) -> None:
+    source = FakeAlertSource()
+    with notifier_for(alertmanager, source, resend_interval=0.2) as notifier:
+        notifier(make_transition("GpuFrequentIdleDips", "firing", gpu=2))
+        wait_until(lambda: active_alerts(alertmanager, "GpuFrequentIdleDips"), "the firing alert")
+        notifier(replace(make_transition("GpuFrequentIdleDips", "inhibited", gpu=2),
+                         inhibited_by="GpuHeldIdle"))
+        # The source still lists it (its state machine goes on), muted: the resends leave it out.
+        source.current = [replace(make_alert("GpuFrequentIdleDips", gpu=2), inhibited_by="GpuHeldIdle")]
+        wait_until(lambda: not active_alerts(alertmanager, "GpuFrequentIdleDips"), "the alert to end")
+        time.sleep(0.6)  # three resend intervals: nothing brings it back
+        assert active_alerts(alertmanager, "GpuFrequentIdleDips") == []
+
+
+def test_only_the_inhibition_of_a_firing_alert_is_queued() -> None:
+    config = AlertmanagerConfig(url="http://127.0.0.1:9/", resend_interval=60.0, timeout=1.0)
+    notifier = AlertmanagerNotifier(config, FakeAlertSource(), hostname=HOSTNAME, instance=INSTANCE)
+    muted = replace(make_transition("GpuLowUtilization", "inhibited"), inhibited_by="GpuHeldIdle")
+    notifier(replace(muted, previous="pending"))  # never pushed while pending: nothing to end
+    assert len(notifier._pending) == 0
+    notifier(muted)
+    (queued,) = notifier._pending.values()
+    assert queued is muted
+
+
+def test_the_shipped_alertmanager_configuration_inhibits_as_the_agent_does(tmp_path: Path) -> None:
+    config = yaml.safe_load(SHIPPED_CONFIG.read_text())
+    shipped: dict[str, set[str]] = {}
+    for rule in config["inhibit_rules"]:
+        (source,) = rule["source_matchers"]
+        (targets,) = rule["target_matchers"]
+        assert source.startswith("alertname=") and targets.startswith("alertname=~"), rule
+        shipped[source.split("=", 1)[1].strip('"')] = set(targets.split("=~", 1)[1].strip('"').split("|"))
+        assert rule["equal"] == ["instance", *EQUAL_LABELS]
+    assert shipped == {name: set(muted) for name, muted in INHIBITS.items()}
+
+    def alert(name: str, gpu: str, **labels: str) -> dict[str, Any]:
+        return {"labels": {"alertname": name, "instance": "node-7:9847", "gpu": gpu, "severity": "warning",
+                           **labels},
+                "annotations": {"summary": name}, "generatorURL": "http://node-7:9847/"}
+
+    with run_alertmanager(tmp_path, free_port(), SHIPPED_CONFIG.read_text()) as base:
+        alerts = [alert("GpuHeldIdle", "0", pid="4242"), alert("GpuLowUtilization", "0"),
+                  alert("GpuSharedByProcesses", "0"), alert("GpuLowUtilization", "1"),
+                  alert("GpuXidError", "0"), alert("GpuHeldIdle", "3", gpu_instance="1"),
+                  alert("GpuLowUtilization", "3", gpu_instance="1"), alert("GpuLowUtilization", "3",
+                                                                          gpu_instance="2")]
+        request = urllib.request.Request(f"{base}/api/v2/alerts", data=json.dumps(alerts).encode(),
+                                         method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+
+        def states() -> dict[tuple[str, str, str], str] | None:
+            status, body = http_get(f"{base}/api/v2/alerts")
+            found = {(a["labels"]["alertname"], a["labels"]["gpu"], a["labels"].get("gpu_instance", "")):
+                     a["status"]["state"] for a in json.loads(body)}
+            return found if status == 200 and len(found) == len(alerts) and "suppressed" in found.values() \
+                else None
+
+        seen = wait_until(states, "Alertmanager to list the alerts with their inhibition")
+    assert seen == {
+        ("GpuHeldIdle", "0", ""): "active", ("GpuLowUtilization", "0", ""): "suppressed",
+        ("GpuSharedByProcesses", "0", ""): "suppressed", ("GpuLowUtilization", "1", ""): "active",
+        ("GpuXidError", "0", ""): "active", ("GpuHeldIdle", "3", "1"): "active",
+        ("GpuLowUtilization", "3", "1"): "suppressed", ("GpuLowUtilization", "3", "2"): "active",
+    }

@@ -620,3 +620,25 @@ def test_firing_clearing_and_pending_alerts_look_apart_and_critical_ones_stand_o
     assert '<span class="severity critical">critical</span>' in page
     assert "Alerts: 2 firing, 1 clearing, 1 pending" in page
     assert ".badge.clearing{" in page and ".severity.critical{" in page
+
+
+def test_inhibited_alerts_are_listed_last_under_what_mutes_them_and_not_as_gpu_badges(tmp_path: Path) -> None:
+    """One idle notebook is one alert: the alerts a greater one explains are dimmed, counted apart,
+    and left out of their GPU's badges."""
+    held = make_alert("GpuHeldIdle", 0, "firing", "GPU 0 is held but idle")
+    low = replace(make_alert("GpuLowUtilization", 0, "firing", "GPU 0 runs a job at 0.1%"),
+                  inhibited_by="GpuHeldIdle")
+    shared = replace(make_alert("GpuSharedByProcesses", 0, "pending", "GPU 0 has 2 processes"),
+                     inhibited_by="GpuHeldIdle")
+    with serving(tmp_path) as served:
+        served.alerts.current = [low, shared, held]
+        page = served.page()
+    rows = re.findall(r'<tr class="alert ([a-z]+) [a-z]+"><td><span class="badge ([a-z]+)">[a-z]+</span></td>'
+                      r"<td><b>(\w+)</b>", page)
+    assert rows == [("firing", "firing", "GpuHeldIdle"), ("inhibited", "inhibited", "GpuLowUtilization"),
+                    ("inhibited", "inhibited", "GpuSharedByProcesses")]
+    assert "Alerts: 1 firing, 0 pending, 2 inhibited" in page
+    assert "inhibited by GpuHeldIdle, which explains it (firing on its own):" in page
+    gpu_row = re.search(r'<tr class="gpu" id="gpu-0".*?</tr>', page, re.S)
+    assert gpu_row is not None
+    assert ">GpuHeldIdle</span>" in gpu_row.group(0) and "GpuLowUtilization" not in gpu_row.group(0)

@@ -7,7 +7,11 @@ waits on the network. The worker POSTs ``/api/v2/alerts``:
   resend interval (Prometheus' convention, ``4 * max(resend delay, evaluation interval)``): Alertmanager
   keeps the alert while the agent keeps re-sending it, and resolves it by itself if the agent dies;
 - on a transition to resolved: the alert with ``endsAt`` = the resolve time;
-- every ``resend_interval``: all alerts the source reports firing, which renews their ``endsAt``.
+- every ``resend_interval``: all alerts the source reports firing, which renews their ``endsAt``;
+- on a transition from firing to inhibited (a greater alert on the GPU now explains it: inhibition.py):
+  the alert with ``endsAt`` = that time and an ``inhibited_by`` annotation, so that the receivers hear
+  of the greater alert only (as Alertmanager's own ``inhibit_rules`` would have it). Inhibited alerts
+  are not re-sent; one that fires again when the greater alert resolves is pushed as firing.
 
 Pending alerts (and pending alerts that went inactive) are never pushed. ``startsAt`` is when the
 alert's condition first held (``active_since``), identical in every push of one alert. The queue of
@@ -146,8 +150,10 @@ class AlertmanagerNotifier:
     # -- the listener (sampler thread) -------------------------------------------------------------
 
     def __call__(self, transition: Transition) -> None:
-        """Queue a firing or resolved transition for the worker; never blocks on the network."""
-        if transition.state not in ("firing", "resolved"):
+        """Queue a firing or resolved transition (or the inhibition of a firing alert) for the worker;
+        never blocks on the network."""
+        if transition.state not in ("firing", "resolved") and not (
+                transition.state == "inhibited" and transition.previous == "firing"):
             return
         try:
             key = self._key(transition)
@@ -256,7 +262,7 @@ class AlertmanagerNotifier:
         payload: dict[_AlertKey, dict[str, Any]] = {}
         if resend:
             for alert in self._source.alerts():
-                if alert.state == "firing":
+                if alert.state == "firing" and not alert.inhibited_by:
                     key, item = self._from_alert(alert, now)
                     payload[key] = item
         for key, transition in batch.items():  # a queued transition is newer than the source's view
@@ -299,9 +305,13 @@ class AlertmanagerNotifier:
         return tuple(sorted((k, v) for k, v in labels.items() if v))
 
     def _from_transition(self, key: _AlertKey, t: Transition, now: float) -> dict[str, Any]:
-        ends_at = max(t.at, t.active_since) if t.state == "resolved" else self._firing_ends_at(now)
-        return self._item(key, t.active_since, ends_at, t.summary, values=t.values,
+        ends = t.state in ("resolved", "inhibited")
+        ends_at = max(t.at, t.active_since) if ends else self._firing_ends_at(now)
+        item = self._item(key, t.active_since, ends_at, t.summary, values=t.values,
                           verdict=self._verdict(t.name, t.gpu, t.active_since))
+        if t.inhibited_by:
+            item["annotations"]["inhibited_by"] = t.inhibited_by
+        return item
 
     def _from_alert(self, alert: Alert, now: float) -> tuple[_AlertKey, dict[str, Any]]:
         key = self._key(alert)

@@ -11,6 +11,11 @@ A rule with ``for: 0`` goes straight from inactive to firing (one transition, ``
 Durations are measured on the snapshots' monotonic clock; wall times (``active_since``, ``at``)
 are the snapshots' timestamps.
 
+What the outputs see (listeners, ``alerts()``, the log) passes through inhibition (inhibition.py):
+while a greater alert fires on the same GPU, a lesser one keeps its state machine but is reported
+no more: one transition to ``inhibited`` if it had been reported, nothing if it was muted from its
+start; when the greater alert resolves, it is reported again in the state it has reached.
+
 Every transition is logged at INFO, one line each, with its rule, GPU and summary, e.g.
 ``alert GpuLowUtilization firing: GPU 1 runs a job but its mean utilization is 62.0% over 2m (below
 80%)``; nothing is logged on the ticks in between. While a firing alert clears (its condition
@@ -41,6 +46,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuscope.alerts.history import NodeHistory
+from gpuscope.alerts.inhibition import INHIBITS, Inhibition, target
 from gpuscope.alerts.model import (
     Alert,
     AlertKey,
@@ -72,6 +78,14 @@ class _State:
     firing_since: float | None
     condition: Condition  # the latest evidence
     false_since: float | None = None  # monotonic: firing, but the condition false since then
+    # What the outputs were last told of this alert: None (nothing yet: it was muted from its start),
+    # "pending", "firing" or "inhibited".
+    reported: TransitionState | None = None
+    inhibited_by: str = ""  # the rule whose firing alert mutes this one now; "" when none does
+
+
+# An alert whose state machine ended this tick: what it was on, its last state, "resolved" or "inactive".
+_Ended = tuple[AlertKey, _State, TransitionState]
 
 
 class AlertEngine:
@@ -125,7 +139,7 @@ class AlertEngine:
         history.observe(snapshot)
         now = snapshot.monotonic
         wall = self._wall = snapshot.timestamp
-        transitions: list[Transition] = []
+        ended: dict[str, list[_Ended]] = {}
         failed = False
         for rule in self.rules:
             states = self._states[rule.name]
@@ -148,10 +162,9 @@ class AlertEngine:
                 state = states.get(key)
                 if state is None:
                     firing = rule.for_seconds <= 0
-                    state = states[key] = _State(
+                    states[key] = _State(
                         history.uuid(gpu), "firing" if firing else "pending", now, wall,
                         wall if firing else None, condition)
-                    transitions.append(self._transition(rule, key, state, None, state.state))
                     continue
                 # Labels are an alert's identity downstream (Alertmanager): keep the first ones.
                 state.condition = (condition if condition.labels == state.condition.labels
@@ -160,19 +173,19 @@ class AlertEngine:
                 if state.state == "pending" and now - state.since >= rule.for_seconds - 1e-9:
                     state.state = "firing"
                     state.firing_since = wall
-                    transitions.append(self._transition(rule, key, state, "pending", "firing"))
             for key in [k for k in states if k not in conditions and key_gpu(k) in evaluated
                         and not (unknown and not isinstance(k, int) and k.gpu in unknown)]:
                 state = states[key]
                 if state.state == "pending":
                     del states[key]
-                    transitions.append(self._transition(rule, key, state, "pending", "inactive"))
+                    ended.setdefault(rule.name, []).append((key, state, "inactive"))
                     continue
                 if state.false_since is None:
                     state.false_since = now
                 if now - state.false_since >= rule.clear_for_seconds - 1e-9:
                     del states[key]
-                    transitions.append(self._transition(rule, key, state, "firing", "resolved"))
+                    ended.setdefault(rule.name, []).append((key, state, "resolved"))
+        transitions = self._report(ended)
         self._publish(transitions, now)
         if self._health is not None:
             self._health.record("alerts", success=not failed, duration_seconds=time.perf_counter() - started)
@@ -186,14 +199,47 @@ class AlertEngine:
 
     # ------------------------------------------------------------ internals
 
+    def _report(self, ended: Mapping[str, list[_Ended]]) -> list[Transition]:
+        """The transitions the outputs see this tick: each alert's state as reported so far
+        (``_State.reported``) moved to its state now, where no firing greater alert inhibits it
+        (inhibition.py). A muted alert's own changes are logged at DEBUG and not reported; once the
+        greater alert resolves, the muted one is reported again in the state it has reached."""
+        inhibition = Inhibition(
+            (rule.name, target(key_gpu(key), state.condition.labels))
+            for rule in self.rules if rule.name in INHIBITS
+            for key, state in self._states[rule.name].items() if state.state == "firing")
+        transitions: list[Transition] = []
+        for rule in self.rules:
+            for key, state, end in ended.get(rule.name, ()):
+                if state.reported in ("pending", "firing"):
+                    transitions.append(self._transition(rule, key, state, state.reported, end))
+                else:
+                    _log_unreported(rule, key, end, state)
+            for key, state in sorted(self._states[rule.name].items(), key=_order):
+                muted = inhibition.inhibited_by(rule.name, target(key_gpu(key), state.condition.labels))
+                newly_muted = muted and not state.inhibited_by
+                state.inhibited_by = muted
+                if muted:
+                    if state.reported in ("pending", "firing"):
+                        transitions.append(self._transition(rule, key, state, state.reported, "inhibited"))
+                        state.reported = "inhibited"
+                    elif newly_muted and state.reported is None:
+                        _log_unreported(rule, key, state.state, state)
+                elif state.reported != state.state:
+                    transitions.append(self._transition(rule, key, state, state.reported, state.state))
+                    state.reported = state.state
+        # A greater alert's firing is told before the alerts it mutes.
+        transitions.sort(key=lambda t: t.state == "inhibited")
+        return transitions
+
     def _transition(self, rule: Rule[Any], key: AlertKey, state: _State, previous: TransitionState | None,
                     to: TransitionState) -> Transition:
         c = state.condition
-        _log_transition(rule, key, to, c.summary)
+        _log_transition(rule, key, to, c.summary, state.inhibited_by)
         return Transition(
             name=rule.name, gpu=key_gpu(key), uuid=state.uuid, severity=rule.severity, hostname=self.hostname,
             previous=previous, state=to, at=self._wall, active_since=state.active_since, values=c.values,
-            summary=c.summary, labels=c.labels)
+            summary=c.summary, labels=c.labels, inhibited_by=state.inhibited_by if to == "inhibited" else "")
 
     def _publish(self, transitions: list[Transition], now: float) -> None:
         alerts = []
@@ -206,7 +252,7 @@ class AlertEngine:
                     name=rule.name, gpu=key_gpu(key), uuid=s.uuid, severity=rule.severity, state=s.state,
                     hostname=self.hostname, active_since=s.active_since, firing_since=s.firing_since,
                     values=c.values, summary=summary, labels=c.labels,
-                    clearing=s.state == "firing" and s.false_since is not None))
+                    clearing=s.state == "firing" and s.false_since is not None, inhibited_by=s.inhibited_by))
         with self._lock:
             self._alerts = alerts
             for t in transitions:
@@ -250,12 +296,17 @@ def _with_slurm_jobs(condition: Condition, processes: tuple[ProcessReading, ...]
     return replace(condition, summary=f"{condition.summary}; {jobs} on it") if jobs else condition
 
 
-def _log_transition(rule: Rule[Any], key: AlertKey, to: TransitionState, summary: str) -> None:
+def _where(key: AlertKey) -> str:
+    gpu = key_gpu(key)
+    return f"GPU {gpu}" if isinstance(key, int) else f"GPU {gpu} MIG device {key.uuid}"
+
+
+def _log_transition(rule: Rule[Any], key: AlertKey, to: TransitionState, summary: str,
+                    inhibited_by: str = "") -> None:
     """One INFO line per transition. A summary names its GPU first ("GPU 1 runs a job ..."); one that
     does not gets the GPU in front. Past a pending or firing state, the summary is the last evidence."""
-    gpu = key_gpu(key)
-    where = f"GPU {gpu}" if isinstance(key, int) else f"GPU {gpu} MIG device {key.uuid}"
-    text = summary if summary.startswith(f"GPU {gpu} ") else f"{where}: {summary}"
+    where = _where(key)
+    text = summary if summary.startswith(f"GPU {key_gpu(key)} ") else f"{where}: {summary}"
     if to == "pending":
         log.info("alert %s pending: %s (fires if this holds for %s)", rule.name, text,
                  format_duration(rule.for_seconds))
@@ -265,9 +316,18 @@ def _log_transition(rule: Rule[Any], key: AlertKey, to: TransitionState, summary
         cleared = (f"its condition has been false for {format_duration(rule.clear_for_seconds)}"
                    if rule.clear_for_seconds > 0 else "its condition no longer holds")
         log.info("alert %s resolved on %s: %s (last evidence: %s)", rule.name, where, cleared, summary)
+    elif to == "inhibited":
+        log.info("alert %s inhibited on %s: %s fires there and explains it; reported no more while it "
+                 "does (last evidence: %s)", rule.name, where, inhibited_by, summary)
     else:
         log.info("alert %s inactive on %s: its condition stopped holding within the %s it must hold "
                  "to fire (last evidence: %s)", rule.name, where, format_duration(rule.for_seconds), summary)
+
+
+def _log_unreported(rule: Rule[Any], key: AlertKey, to: TransitionState, state: _State) -> None:
+    """A muted alert's own change: DEBUG only (the greater alert is the one reported)."""
+    log.debug("alert %s %s on %s, muted (inhibited by %s): %s", rule.name, to, _where(key),
+              state.inhibited_by or "a greater alert", state.condition.summary)
 
 
 def _clearing(rule: Rule[Any], false_for: float, summary: str) -> str:

@@ -13,8 +13,11 @@ Severity = Literal["info", "warning", "critical"]
 AlertState = Literal["pending", "firing"]
 # What a transition leads to: pending (condition became true), firing (true for `for`),
 # resolved (a firing alert whose condition was false for `clear_for`), inactive (a pending alert
-# whose condition went false before `for` elapsed; never reached firing).
-TransitionState = Literal["pending", "firing", "resolved", "inactive"]
+# whose condition went false before `for` elapsed; never reached firing), inhibited (a pending or
+# firing alert muted by a greater alert on its GPU: inhibition.py; its outputs speak of that one
+# from then on). From inhibited, an alert goes back to pending or firing when the greater alert
+# resolves while its own condition still holds; its own end is not reported.
+TransitionState = Literal["pending", "firing", "resolved", "inactive", "inhibited"]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -68,13 +71,16 @@ class Alert:
     # Firing, but its condition no longer holds: it resolves once that has lasted the rule's
     # resolve_after (the summary says how long so far).
     clearing: bool = False
+    # The rule whose firing alert on the same GPU (or MIG GPU instance) mutes this one (inhibition.py);
+    # "" when none does. A muted alert is listed, not notified, exported or captured.
+    inhibited_by: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "alertname": self.name, "gpu": self.gpu, "uuid": self.uuid, "severity": self.severity,
             "state": self.state, "hostname": self.hostname, "active_since": self.active_since,
             "firing_since": self.firing_since, "values": dict(self.values), "summary": self.summary,
-            "labels": dict(self.labels), "clearing": self.clearing,
+            "labels": dict(self.labels), "clearing": self.clearing, "inhibited_by": self.inhibited_by,
         }
 
 
@@ -94,14 +100,19 @@ class Transition:
     values: Mapping[str, float]
     summary: str
     labels: Mapping[str, str] = field(default_factory=dict)
+    # To "inhibited": the rule whose firing alert mutes this one; "" otherwise.
+    inhibited_by: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "alertname": self.name, "gpu": self.gpu, "uuid": self.uuid, "severity": self.severity,
             "hostname": self.hostname, "from": self.previous, "to": self.state, "at": self.at,
             "started_at": self.active_since, "values": dict(self.values), "summary": self.summary,
             "labels": dict(self.labels),
         }
+        if self.inhibited_by:
+            out["inhibited_by"] = self.inhibited_by
+        return out
 
 
 class AlertSource(Protocol):

@@ -125,9 +125,10 @@ def _alerts_section(view: StatusView) -> str:
                                   "(<code>alerting.enabled</code>).</p>")
     if not view.alerts:
         return _section("Alerts", '<p class="note ok">No alert is pending or firing.</p>')
-    # Firing first (critical before warning), then clearing, then pending.
-    ordered = sorted(view.alerts, key=lambda a: (_shown_state(a) != "firing", _shown_state(a) != "clearing",
-                                                 a.severity != "critical", a.gpu, a.name))
+    # Firing first (critical before warning), then clearing, then pending, then the inhibited ones.
+    order = {"firing": 0, "clearing": 1, "pending": 2, "inhibited": 3}
+    ordered = sorted(view.alerts, key=lambda a: (order[_shown_state(a)], a.severity != "critical", a.gpu,
+                                                 a.name))
     rows = []
     for alert in ordered:
         since = alert.firing_since if alert.state == "firing" and alert.firing_since else alert.active_since
@@ -138,16 +139,28 @@ def _alerts_section(view: StatusView) -> str:
             f"<td><b>{_e(alert.name)}</b></td><td class=\"num\">{alert.gpu}{_alert_device(alert)}</td>"
             f'<td><span class="severity {severity}">{severity}</span></td>'
             f'<td class="nowrap">{_duration(max(0.0, view.now - since))}</td>'
-            f"<td>{_e(alert.summary)}</td></tr>")
+            f"<td>{_inhibition(alert)}{_e(alert.summary)}</td></tr>")
     counts = {shown: sum(1 for a in view.alerts if _shown_state(a) == shown)
-              for shown in ("firing", "clearing", "pending")}
-    title = "Alerts: " + ", ".join(f"{n} {shown}" for shown, n in counts.items() if n or shown != "clearing")
+              for shown in ("firing", "clearing", "pending", "inhibited")}
+    title = "Alerts: " + ", ".join(f"{n} {shown}" for shown, n in counts.items()
+                                   if n or shown in ("firing", "pending"))
     return _section(title, _table(("State", "Alert", "GPU", "Severity", "For", "Summary"), rows), "alerts")
 
 
 def _shown_state(alert: Alert) -> str:
-    """firing, clearing (firing, its condition no longer holding) or pending."""
+    """firing, clearing (firing, its condition no longer holding), pending, or inhibited (muted by a
+    greater alert on its GPU, whatever its own state)."""
+    if alert.inhibited_by:
+        return "inhibited"
     return "clearing" if alert.clearing else alert.state
+
+
+def _inhibition(alert: Alert) -> str:
+    """What mutes an inhibited alert, in front of its summary."""
+    if not alert.inhibited_by:
+        return ""
+    return (f'<span class="inhibited-by">inhibited by {_e(alert.inhibited_by)}, which explains it '
+            f"({_e(alert.state)} on its own):</span> ")
 
 
 def _gpus_section(view: StatusView, snapshot: Snapshot) -> str:
@@ -223,8 +236,9 @@ def _on_device(process: ProcessReading, device: MigReading) -> bool:
 
 
 def _alert_badges(alerts: Iterable[Alert]) -> str:
+    """The GPU's alerts as badges; the inhibited ones are left out (the alerts table lists them)."""
     return " ".join(f'<span class="badge {_e(a.state)}" title="{_e(a.summary)}">{_e(a.name)}</span>'
-                    for a in sorted(alerts, key=lambda a: a.name))
+                    for a in sorted(alerts, key=lambda a: a.name) if not a.inhibited_by)
 
 
 def _alert_device(alert: Alert) -> str:
@@ -519,6 +533,9 @@ tr.alert.firing td{background:#fff5f5}
 .badge.clearing{background:#f59e0b;color:#fff}
 .severity.critical{background:#7f1d1d;color:#fff;border-radius:3px;padding:0 4px;font-weight:600}
 tr.alert.clearing td{background:#fffbeb}
+.badge.inhibited{background:#e5e7eb;color:#4b5563}
+tr.alert.inhibited td{color:#6b7280}
+.inhibited-by{font-style:italic}
 .badge.pending{background:#fcd34d;color:#422006}
 .badge.up{background:#16a34a;color:#fff}
 .badge.health.reset_required{background:#f59e0b;color:#422006}
