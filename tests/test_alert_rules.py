@@ -172,7 +172,10 @@ def test_idle_dips_fire_above_the_rate_on_a_busy_gpu() -> None:
     found = DIPS.evaluate(h, frozenset())
     assert set(found) == {1}
     assert found[1].values["dips_per_minute"] == pytest.approx(30, abs=1.5)
-    assert "waits for its input" in found[1].summary
+    # The dips do not tell what the GPU waits for: the summary names the likely causes, not one.
+    summary = found[1].summary
+    assert all(cause in summary for cause in ("for its input", "for host work", "for other ranks"))
+    assert "the job waits for its input" not in summary
 
 
 def test_idle_dips_hysteresis() -> None:

@@ -47,8 +47,9 @@ CASES: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
     ),
     "GpuFrequentIdleDips": (
         (90, {"g1": {"util": 0.88, "idle_dips_total": dips_every(2)}},
-         "GPU 1 dips to idle 30 times a minute (more than 6) at 88.0% mean utilization over 1m: the job "
-         "waits for its input"),
+         "GPU 1 dips to idle 30 times a minute (more than 6) at 88.0% mean utilization over 1m: the GPU "
+         "waits between steps, for its input, for host work (a synchronisation such as .item(), Python "
+         "overhead) or for other ranks; a capture shows which"),
         (90, {"g1": {"util": 0.88, "idle_dips_total": dips_every(10)}},
          "GPU 1 dips to idle 6 times a minute at 88.0% mean utilization over 1m: no longer more than 6, "
          "but the alert holds until it is 5 or fewer"),

@@ -332,8 +332,12 @@ class AlertmanagerNotifier:
         if description:
             annotations["description"] = description
         if verdict is not None:  # what the capture this alert triggered showed
-            annotations["diagnosis"] = verdict.headline
+            annotations["diagnosis"] = verdict.headline + (
+                " (the capture saw other minutes than the alert judged and does not explain it)"
+                if verdict.accounts is False else "")
             annotations["capture_id"] = verdict.capture_id
+            if verdict.context:
+                annotations["capture_context"] = verdict.context
         return {
             "labels": dict(key),
             "annotations": annotations,

@@ -2,7 +2,9 @@
 
 The analysis worker reports each analysed capture here; an alert (rule, GPU) then carries the latest
 verdict of a capture it triggered while it was active: Alertmanager gets it as the ``diagnosis`` and
-``capture_id`` annotations, so a person paged for a GPU at 40% reads why as well.
+``capture_id`` annotations, so a person paged for a GPU at 40% reads why as well, and as
+``capture_context`` which minutes the alert judged and which the capture saw (a capture that does
+not account for its alert says so there, and in ``diagnosis``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from gpuscope.capture.alert_context import alert_context
 from gpuscope.capture.model import CaptureRecord
 
 _EARLY_SECONDS = 5.0  # a capture may start just before the engine's clock marks the alert active
@@ -21,6 +24,10 @@ class CaptureVerdict:
     start: float  # Unix seconds
     verdict: str
     headline: str
+    # The minutes the alert judged and those the capture saw, and whether the verdict accounts for
+    # the alert (capture/alert_context.py); "" and None where the record does not say.
+    context: str = ""
+    accounts: bool | None = None
 
 
 class CaptureVerdicts:
@@ -38,7 +45,10 @@ class CaptureVerdicts:
         if record.trigger.kind != "alert" or not alertname or record.gpu is None or not verdict:
             return
         headline = str(analysis.get("headline") or verdict)
-        found = CaptureVerdict(record.id, record.start, str(verdict), headline)
+        context = alert_context(record.to_json())
+        found = CaptureVerdict(record.id, record.start, str(verdict), headline,
+                               context.text if context is not None else "",
+                               context.accounts if context is not None else None)
         with self._lock:
             key = (alertname, record.gpu)
             if key not in self._latest or self._latest[key].start <= record.start:

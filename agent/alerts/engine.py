@@ -239,7 +239,8 @@ class AlertEngine:
         return Transition(
             name=rule.name, gpu=key_gpu(key), uuid=state.uuid, severity=rule.severity, hostname=self.hostname,
             previous=previous, state=to, at=self._wall, active_since=state.active_since, values=c.values,
-            summary=c.summary, labels=c.labels, inhibited_by=state.inhibited_by if to == "inhibited" else "")
+            summary=c.summary, labels=c.labels, inhibited_by=state.inhibited_by if to == "inhibited" else "",
+            window_seconds=rule.window_seconds)
 
     def _publish(self, transitions: list[Transition], now: float) -> None:
         alerts = []

@@ -14,7 +14,9 @@ again.
 Line format (schema ``version`` 1): ``Transition.to_json()`` plus ``"version": 1``; non-finite
 values (NaN, infinity), which JSON cannot represent, are written as null. When a capture an alert
 triggered has been analysed, a line with ``"event": "capture_analysis"`` follows (the alert's name
-and GPU, the capture id, the verdict, its headline and findings); transition lines have no ``event``.
+and GPU, the capture id, the verdict, its headline and findings, and under ``alert`` which minutes
+the alert judged and which the capture saw, and whether the verdict accounts for the alert);
+transition lines have no ``event``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import IO, Any
 
 from gpuscope.alerts.config import EventLogConfig
 from gpuscope.alerts.model import Transition
+from gpuscope.capture.alert_context import alert_context
 from gpuscope.capture.model import CaptureRecord
 from gpuscope.health import SourceHealth
 from gpuscope.threads import start_thread
@@ -99,12 +102,14 @@ class AlertEventLog:
         analysis = record.analysis or {}
         if record.trigger.kind != "alert" or not analysis:
             return
+        context = alert_context(record.to_json())
         line = _encode({"version": SCHEMA_VERSION, "event": "capture_analysis",
                         "name": record.trigger.alertname, "gpu": record.gpu, "capture_id": record.id,
                         "at": time.time(), "verdict": analysis.get("verdict"),
                         "headline": analysis.get("headline"), "skipped": analysis.get("skipped"),
                         "findings": [{k: f.get(k) for k in ("kind", "severity", "share", "summary")}
-                                     for f in analysis.get("findings") or ()]})
+                                     for f in analysis.get("findings") or ()],
+                        "alert": context.to_json() if context is not None else None})
         with self._wake:
             if self._closed:
                 return

@@ -102,6 +102,9 @@ class Transition:
     labels: Mapping[str, str] = field(default_factory=dict)
     # To "inhibited": the rule whose firing alert mutes this one; "" otherwise.
     inhibited_by: str = ""
+    # The length of the window the rule judges (None for rules without one): with ``active_since``,
+    # the samples an alert's evidence comes from.
+    window_seconds: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {

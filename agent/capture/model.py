@@ -98,6 +98,12 @@ class Trigger:
     kind: TriggerKind
     alertname: str | None = None  # for alert and webhook triggers
     user: str | None = None  # for user triggers: who asked (uid or token name)
+    # For the agent's alert triggers: the samples the alert judged when it fired, from its window
+    # before the condition first held to the moment it fired (wall clock), and its summary then;
+    # capture/alert_context.py sets them beside what the capture saw.
+    judged_since: float | None = None
+    judged_until: float | None = None
+    alert_summary: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from gpuscope.alerts.model import Transition
+from gpuscope.capture.alert_context import alert_trigger
 from gpuscope.capture.model import (
     BackendResult,
     CaptureBackend,
@@ -104,7 +105,7 @@ class CaptureService:
         """Alert listener (sampler thread): a rule that starts firing asks for a capture of its GPU."""
         if transition.state != "firing":
             return
-        self.submit(CaptureRequest(Trigger("alert", alertname=transition.name), gpu=transition.gpu,
+        self.submit(CaptureRequest(alert_trigger(transition), gpu=transition.gpu,
                                    uuid=transition.uuid, mig_uuid=transition.labels.get("mig_uuid")))
 
     def submit(self, request: CaptureRequest) -> Future[CaptureRecord]:

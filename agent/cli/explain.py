@@ -42,10 +42,12 @@ def explain_path(path: Path, *, as_json: bool, shown_as: str | None = None) -> i
     from gpuscope.analysis.render import format_diagnosis, top_finding
     from gpuscope.analysis.sharing import device_timeline
     from gpuscope.analysis.sources import find_traces, read_trace
+    from gpuscope.capture.alert_context import alert_context
 
     try:
         files = find_traces(path)
-        one_gpu = len(files) > 1 and _capture_of_one_gpu(path)
+        record = _capture_record(path)
+        one_gpu = len(files) > 1 and isinstance(record, dict) and isinstance(record.get("gpu"), int)
         diagnoses = []
         timelines: list[DeviceTimeline | None] = []
         for file in files:
@@ -63,28 +65,36 @@ def explain_path(path: Path, *, as_json: bool, shown_as: str | None = None) -> i
     except OSError as err:
         print(f"gpuscope explain: {shown_as or path}: {err.strerror or err}", file=sys.stderr)
         return EXIT_FAILURE
+    verdict = top_finding(diagnoses)
+    # A capture an alert triggered is read beside that alert: which minutes each saw, and whether
+    # this verdict accounts for the alert.
+    context = alert_context(record, verdict=verdict) if record is not None else None
     if as_json:
-        print(json.dumps({"path": shown_as or str(path), "verdict": top_finding(diagnoses),
-                          "traces": [d.to_json() for d in diagnoses]}, indent=2))
+        report: dict[str, Any] = {"path": shown_as or str(path), "verdict": verdict}
+        if context is not None:
+            report["alert"] = context.to_json()
+        print(json.dumps({**report, "traces": [d.to_json() for d in diagnoses]}, indent=2))
     else:
-        print("\n\n".join(format_diagnosis(d) for d in diagnoses))
+        intro = f"Alert: {context.text}\n\n" if context is not None else ""
+        print(intro + "\n\n".join(format_diagnosis(d) for d in diagnoses))
     return EXIT_OK
 
 
-def _capture_of_one_gpu(path: Path) -> bool:
-    """Whether ``path`` is a capture of one GPU (its capture.json names the GPU): its traces are of
-    processes that share that GPU, and are compared with each other."""
+def _capture_record(path: Path) -> dict[str, Any] | None:
+    """The capture record (capture.json) of a capture's folder; None for any other path. A capture of
+    one GPU (its record names the GPU) has traces of processes that share that GPU, compared with
+    each other."""
     from gpuscope.capture.records import MAX_RECORD_BYTES, RECORD_FILE
     from gpuscope.common.json_input import JsonInputError, load_json
     from gpuscope.common.unixfs import read_bounded
 
     if not path.is_dir():
-        return False
+        return None
     try:
         record = load_json(read_bounded(path / RECORD_FILE, MAX_RECORD_BYTES), max_bytes=MAX_RECORD_BYTES)
     except (OSError, JsonInputError, ValueError):
-        return False
-    return isinstance(record, dict) and isinstance(record.get("gpu"), int)
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _with_sharing(diagnoses: list[Diagnosis], timelines: list[DeviceTimeline | None]) -> list[Diagnosis]:

@@ -1,4 +1,10 @@
-"""GpuFrequentIdleDips: a mostly busy GPU that drops to idle many times a minute (it waits for input)."""
+"""GpuFrequentIdleDips: a mostly busy GPU that drops to idle many times a minute.
+
+The dips say that the GPU waits between steps, not for what: NVML's samples cannot tell an input
+pipeline that cannot keep up from host work between kernels (a synchronisation, Python overhead) or
+a wait for other ranks. The summary names those likely causes; the capture the alert triggers names
+the one it finds (its verdict reaches the alert's notifications).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +30,10 @@ from gpuscope.alerts.rules.base import (
     window_field,
 )
 
+# What the dips alone cannot tell apart, in the summary of a firing alert.
+LIKELY_CAUSES = ("the GPU waits between steps, for its input, for host work (a synchronisation such as "
+                 ".item(), Python overhead) or for other ranks; a capture shows which")
+
 
 class FrequentIdleDipsConfig(RuleConfig):
     window: WindowDuration = window_field(60.0)
@@ -42,7 +52,7 @@ class FrequentIdleDipsConfig(RuleConfig):
 class FrequentIdleDipsRule(Rule[FrequentIdleDipsConfig]):
     name: ClassVar[str] = "GpuFrequentIdleDips"
     config_model: ClassVar[type[FrequentIdleDipsConfig]] = FrequentIdleDipsConfig
-    captures_by_default: ClassVar[bool] = True  # a trace shows the input pipeline between the steps
+    captures_by_default: ClassVar[bool] = True  # a trace shows what the GPU waits for between steps
 
     def evaluate(self, history: NodeHistory, active: frozenset[int]) -> dict[int, Condition]:
         config = self.config
@@ -65,7 +75,7 @@ class FrequentIdleDipsRule(Rule[FrequentIdleDipsConfig]):
         at = f"at {percent(mean)} mean utilization over {self._over}"
         if rate > most:
             return (f"GPU {gpu} dips to idle {value_text(rate, most, scale=1.0, decimals=0)} times a minute "
-                    f"(more than {bound_text(most, scale=1.0)}) {at}: the job waits for its input")
+                    f"(more than {bound_text(most, scale=1.0)}) {at}: {LIKELY_CAUSES}")
         # Held by the hysteresis: no longer above max_per_minute, not yet down to max - hysteresis.
         return (f"GPU {gpu} dips to idle {value_text(rate, most, release, scale=1.0, decimals=0)} times a "
                 f"minute {at}: no longer more than {bound_text(most, scale=1.0)}, but the alert holds "
