@@ -642,3 +642,20 @@ def test_inhibited_alerts_are_listed_last_under_what_mutes_them_and_not_as_gpu_b
     gpu_row = re.search(r'<tr class="gpu" id="gpu-0".*?</tr>', page, re.S)
     assert gpu_row is not None
     assert ">GpuHeldIdle</span>" in gpu_row.group(0) and "GpuLowUtilization" not in gpu_row.group(0)
+
+
+def test_an_alert_shows_what_its_capture_found_or_that_it_saw_other_minutes(tmp_path: Path) -> None:
+    low = make_alert("GpuLowUtilization", 1, "firing", "GPU 1 runs a job at 12%")
+
+    def analysed(store: CaptureStore, verdict: str) -> CaptureRecord:
+        record = add_capture(store, gpu=1, trace=b"x", alertname="GpuLowUtilization")
+        return store.annotate(record.id, {"verdict": verdict, "headline": f"{verdict}: 40% waits"})
+
+    with serving(tmp_path) as served:
+        served.alerts.current = [low]
+        healthy = analysed(served.captures(), "healthy")
+        page = served.page()
+        assert f"its capture {healthy.id} saw other minutes (healthy) and does not explain it" in page
+        found = analysed(served.captures(), "input_bound")
+        page = served.page()
+    assert f"its capture {found.id}: <b>input_bound</b>" in page

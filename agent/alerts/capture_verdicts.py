@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from gpuscope.capture.alert_context import alert_context
 from gpuscope.capture.model import CaptureRecord
 
-_EARLY_SECONDS = 5.0  # a capture may start just before the engine's clock marks the alert active
+CAPTURE_EARLY_SECONDS = 5.0  # a capture may start just before the engine's clock marks the alert active
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,4 +58,4 @@ class CaptureVerdicts:
         """The verdict of a capture this alert triggered since it became active, or None."""
         with self._lock:
             found = self._latest.get((alertname, gpu))
-        return found if found is not None and found.start >= active_since - _EARLY_SECONDS else None
+        return found if found is not None and found.start >= active_since - CAPTURE_EARLY_SECONDS else None

@@ -24,7 +24,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuscope.alerts.capture_verdicts import CAPTURE_EARLY_SECONDS
 from gpuscope.alerts.model import Alert
+from gpuscope.capture.alert_context import alert_context
 from gpuscope.capture.model import CaptureRecord
 from gpuscope.common.sizes import format_size
 from gpuscope.snapshot import GpuReading, MigReading, PodContainer, ProcessReading, Snapshot
@@ -139,7 +141,7 @@ def _alerts_section(view: StatusView) -> str:
             f"<td><b>{_e(alert.name)}</b></td><td class=\"num\">{alert.gpu}{_alert_device(alert)}</td>"
             f'<td><span class="severity {severity}">{severity}</span></td>'
             f'<td class="nowrap">{_duration(max(0.0, view.now - since))}</td>'
-            f"<td>{_inhibition(alert)}{_e(alert.summary)}</td></tr>")
+            f"<td>{_inhibition(alert)}{_e(alert.summary)}{_alert_capture(alert, view.captures)}</td></tr>")
     counts = {shown: sum(1 for a in view.alerts if _shown_state(a) == shown)
               for shown in ("firing", "clearing", "pending", "inhibited")}
     title = "Alerts: " + ", ".join(f"{n} {shown}" for shown, n in counts.items()
@@ -153,6 +155,23 @@ def _shown_state(alert: Alert) -> str:
     if alert.inhibited_by:
         return "inhibited"
     return "clearing" if alert.clearing else alert.state
+
+
+def _alert_capture(alert: Alert, captures: Sequence[CaptureRecord] | None) -> str:
+    """What the latest analysed capture this alert triggered found, under its summary: the verdict
+    where it accounts for the alert, and that it saw other minutes where it does not."""
+    for record in captures or ():  # newest first
+        if (record.trigger.kind == "alert" and record.trigger.alertname == alert.name
+                and record.gpu == alert.gpu and record.start >= alert.active_since - CAPTURE_EARLY_SECONDS
+                and record.analysis and record.analysis.get("verdict")):
+            context = alert_context(record.to_json())
+            verdict = _e(str(record.analysis["verdict"]))
+            if context is not None and context.accounts is False:
+                return (f'<div class="small muted" title="{_e(context.text)}">its capture {_e(record.id)} '
+                        f"saw other minutes ({verdict}) and does not explain it</div>")
+            return (f'<div class="small" title="{_e(str(record.analysis.get("headline") or ""))}">its '
+                    f"capture {_e(record.id)}: <b>{verdict}</b></div>")
+    return ""
 
 
 def _inhibition(alert: Alert) -> str:
