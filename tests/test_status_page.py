@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import ssl
-import struct
 import subprocess
 import tarfile
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import bcrypt
 import pytest
 from agent_process import run_agent
+from chromium import find_chromium, png_size
 from pki import make_pki
 from prometheus_client import CollectorRegistry
 from snapshots import FakeSource, make_gpu, make_gpus, make_mig_gpu, make_process, make_snapshot, mig_uuid
@@ -31,7 +31,7 @@ from snapshots import FakeSource, make_gpu, make_gpus, make_mig_gpu, make_proces
 from gpuscope.alerts.model import Alert, AlertState, TransitionState
 from gpuscope.capture.model import CaptureRecord, CaptureTarget, TargetOutcome, Trigger
 from gpuscope.capture.store import CaptureStore
-from gpuscope.snapshot import PodContainer, SlurmJob, Snapshot
+from gpuscope.snapshot import PodContainer, SlurmJob, Snapshot, UtilizationSample
 from gpuscope.web.capture_download import capture_archive
 from gpuscope.web.server import AgentHttpServer
 from gpuscope.web.status_page import RECENT_CAPTURES
@@ -42,6 +42,7 @@ PASSWORD = "status page password"
 USER = ("operator", PASSWORD)
 HOSTILE = "<script>alert(1)</script>"
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+T0_US = 1_700_000_000_000_000  # a driver timestamp, µs
 
 
 @dataclass
@@ -254,7 +255,9 @@ def test_sparklines_come_from_the_history(tmp_path: Path) -> None:
     with serving(tmp_path) as served:
         base = demo_like_snapshot()
         for tick, level in enumerate((0.1, 0.9, 0.5, 0.0, 1.0)):
-            gpus = [replace(g, utilization_ratio=level) if g.index == 0 else g for g in base.gpus]
+            # Without driver samples (an older GPU): the sparkline draws the per-tick values.
+            gpus = [replace(g, utilization_ratio=level, utilization_samples=()) if g.index == 0 else g
+                    for g in base.gpus]
             served.history.observe(replace(base, gpus=tuple(gpus), monotonic=100.0 + tick))
         page = served.page()
     row = re.search(r'<tr class="gpu" id="gpu-0">.*?</tr>', page, re.S)
@@ -266,6 +269,31 @@ def test_sparklines_come_from_the_history(tmp_path: Path) -> None:
     assert "Utilization, last 1 min" in page
     gpu3 = re.search(r'<tr class="gpu" id="gpu-3">.*?</tr>', page, re.S)
     assert gpu3 is not None and "not readable" in gpu3.group(0)
+
+
+def test_a_sparkline_shows_the_dips_that_the_per_tick_utilization_hides(tmp_path: Path) -> None:
+    """GPU 0 reads 80 % every tick, but its driver samples (six a second, in a batch every 5 s) drop
+    to 0 for one sample of each second: its sparkline reaches the bottom."""
+    with serving(tmp_path) as served:
+        base = demo_like_snapshot()
+        for tick in range(1, 61):
+            samples = ()
+            if tick % 5 == 0:  # samples (k x 1/6 s) of the last 5 s, and a repeat of the batch before's last
+                samples = tuple(UtilizationSample(T0_US + k * 166_667, 0.0 if k % 6 == 0 else 0.96)
+                                for k in range(max(0, tick * 6 - 31), tick * 6))
+            gpus = [replace(g, utilization_ratio=0.8, utilization_samples=samples) if g.index == 0 else g
+                    for g in base.gpus]
+            served.source.snapshot = replace(base, gpus=tuple(gpus), monotonic=100.0 + tick)
+            served.history.observe(served.source.snapshot)
+        page = served.page()
+    row = re.search(r'<tr class="gpu" id="gpu-0">.*?</tr>', page, re.S)
+    assert row is not None and '<span class="num">80%</span>' in row.group(0)
+    svg = re.search(r'<svg class="spark".*?</svg>', row.group(0), re.S)
+    assert svg is not None
+    ys = [float(y) for y in re.findall(r'[\d.]+,([\d.]+)', svg.group(0))]
+    assert max(ys) >= 26  # 0 % is y 27: the dips are drawn
+    assert min(ys) <= 3  # and so is the 96 % in between
+    assert len(svg.group(0)) < 3000
 
 
 def test_the_history_is_a_bounded_ring_per_gpu() -> None:
@@ -531,19 +559,6 @@ alerting:
 BROWSER_TIMEOUT = 60
 
 
-def find_chromium() -> str:
-    """Debian's chromium (or the chromium-browser name other distributions use); a skip locally when
-    missing, a failure in CI (``CI`` set), where scripts/test.sh installs it."""
-    for name in ("chromium", "chromium-browser"):
-        path = shutil.which(name)
-        if path is not None:
-            return path
-    message = "chromium is not installed (apt-get install chromium)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
 def wait_until_firing(get: Any, names: set[str], timeout: float = 45.0) -> None:
     deadline = time.monotonic() + timeout
     body = ""
@@ -554,13 +569,6 @@ def wait_until_firing(get: Any, names: set[str], timeout: float = 45.0) -> None:
             return
         time.sleep(0.5)
     raise AssertionError(f"{sorted(names)} not all firing after {timeout} s; last /api/v1/alerts:\n{body}")
-
-
-def png_size(data: bytes) -> tuple[int, int]:
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    assert data[12:16] == b"IHDR"
-    width, height = struct.unpack(">II", data[16:24])
-    return int(width), int(height)
 
 
 def test_headless_chromium_renders_the_demo_node(tmp_path: Path) -> None:
@@ -596,7 +604,8 @@ def test_headless_chromium_renders_the_demo_node(tmp_path: Path) -> None:
     for process in ("train-rank0", "train-rank1", "train-rank2", "eval-job", "train-rank3"):
         assert process in page
     assert "llm-pretrain-0" in page and "research" in page
-    assert page.count("<polyline") >= 4  # a sparkline per GPU, fed by the sampler since the start
+    # a sparkline per GPU, fed by the sampler since the start: the envelope of the driver's samples
+    assert page.count('<svg class="spark"') == 4 and page.count("<polygon") >= 4
     if os.environ.get("STATUS_PAGE_SCREENSHOT"):  # keep it to look at
         shutil.copy(screenshot, os.environ["STATUS_PAGE_SCREENSHOT"])
 

@@ -5,9 +5,12 @@ captures, the utilization history), gathered by ``app.AgentApp`` from what the a
 it reads nothing from the node and never waits for the sampler.
 
 The agent often runs where nothing outside the node can be reached, so the page has no script, no
-external stylesheet, font or image: the CSS is inline and the sparklines are inline SVG. It reloads
+external stylesheet, font or image: the CSS is inline and the sparklines are inline SVG (sparkline.py:
+the envelope of the driver's utilization samples, so that short dips to idle show). It reloads
 itself every REFRESH_SECONDS with a meta refresh. Every string that comes from outside the agent
 (process, user, pod and GPU names, alert summaries, capture errors) goes through ``html.escape``.
+A wide table scrolls sideways inside its own section rather than widening the page; in a window
+narrower than 800 px, each alert is a block with its summary on a line of its own, wrapped.
 
 A GPU in MIG mode is followed by one row per MIG device (its profile, GPU and compute instance ids,
 UUID, pods, busy share with its sparkline, SM activity, memory, processes and alerts); the processes on
@@ -30,12 +33,12 @@ from gpuscope.capture.alert_context import alert_context
 from gpuscope.capture.model import CaptureRecord
 from gpuscope.common.sizes import format_size
 from gpuscope.snapshot import GpuReading, MigReading, PodContainer, ProcessReading, Snapshot
+from gpuscope.web.sparkline import sparkline
 from gpuscope.web.utilization_history import DEFAULT_POINTS, UtilizationSeries
 
 REFRESH_SECONDS = 5
 RECENT_CAPTURES = 10  # rows of the captures table
 CAPTURES_PATH = "/api/v1/captures"
-_SPARK_WIDTH, _SPARK_HEIGHT = 120, 28
 _MAX_ERROR_CHARS = 160  # a capture's error on the page (the JSON listing has it whole)
 _NONE = '<span class="muted">&mdash;</span>'
 # A GPU's health other than "ok": its badge's text, and what it means for the operator (its tooltip).
@@ -201,7 +204,7 @@ def _gpus_section(view: StatusView, snapshot: Snapshot) -> str:
         badges = _alert_badges(alerts_by_gpu.get(gpu.index, ()))
         if gpu.up:
             cells = (f'<td><div class="util"><span class="num">{_percent(gpu.utilization_ratio)}</span>'
-                     f"{_sparkline(series, view.history_points)}</div></td>"
+                     f"{sparkline(series, view.history_points)}</div></td>"
                      f'<td class="num">{_memory(gpu)}</td><td class="num">{_power(gpu)}</td>'
                      f'<td class="num">{_temperature(gpu.temperature_celsius)}</td>'
                      f'<td class="num">{len(gpu.processes)}</td>')
@@ -234,7 +237,7 @@ def _mig_row(view: StatusView, gpu: GpuReading, device: MigReading, alerts: Iter
     sm = (f' <span class="muted small nowrap">SM {_percent(device.sm_active_ratio)}</span>'
           if device.sm_active_ratio is not None else "")
     busy = (f'<div class="util"><span class="num" title="busy share (GPM graphics activity)">'
-            f"{_percent(latest)}</span>{_sparkline(series, view.history_points)}{sm}</div>")
+            f"{_percent(latest)}</span>{sparkline(series, view.history_points)}{sm}</div>")
     on_it = sum(1 for p in gpu.processes if _on_device(p, device))
     badges = _alert_badges(alerts)
     return (f'<tr class="mig" id="gpu-{gpu.index}-mig-{device.gpu_instance}-{device.compute_instance}">'
@@ -436,26 +439,6 @@ def _table(headings: Iterable[str], rows: Iterable[str]) -> str:
     return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>"
 
 
-def _sparkline(series: UtilizationSeries, slots: int) -> str:
-    """Utilization 0-100 % as an inline SVG polyline, newest at the right edge; gaps where unread."""
-    values = series.values[-slots:]
-    step = _SPARK_WIDTH / max(1, slots - 1)
-    offset = _SPARK_WIDTH - (len(values) - 1) * step
-    runs: list[list[str]] = [[]]
-    for i, value in enumerate(values):
-        if value is None or not math.isfinite(value):
-            runs.append([])
-            continue
-        y = _SPARK_HEIGHT - 1 - min(1.0, max(0.0, value)) * (_SPARK_HEIGHT - 2)
-        runs[-1].append(f"{offset + i * step:.1f},{y:.1f}")
-    lines = "".join(f'<polyline points="{" ".join(run)}"/>' for run in runs if len(run) > 1)
-    dots = "".join(f'<circle cx="{run[0].split(",")[0]}" cy="{run[0].split(",")[1]}" r="1.2"/>'
-                   for run in runs if len(run) == 1)
-    return (f'<svg class="spark" width="{_SPARK_WIDTH}" height="{_SPARK_HEIGHT}" '
-            f'viewBox="0 0 {_SPARK_WIDTH} {_SPARK_HEIGHT}" role="img" aria-label="utilization history">'
-            f'<rect width="{_SPARK_WIDTH}" height="{_SPARK_HEIGHT}"/>{lines}{dots}</svg>')
-
-
 def _history_span(view: StatusView, snapshot: Snapshot) -> str:
     """How much time the sparklines cover when full, e.g. "last 60 s"."""
     return f"last {_duration(view.history_points * snapshot.interval_seconds)}"
@@ -545,13 +528,13 @@ th,td{text-align:left;padding:6px 12px;border-bottom:1px solid #eef0f3;vertical-
 tbody tr:last-child td{border-bottom:0}
 th{font-size:12px;color:#4b5563;font-weight:600;white-space:nowrap}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-tr.alert.firing td{background:#fff5f5}
+tr.alert.firing,tr.alert.firing td{background:#fff5f5}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:700;
  white-space:nowrap;margin:1px 0}
 .badge.firing,.badge.down{background:#dc2626;color:#fff}
 .badge.clearing{background:#f59e0b;color:#fff}
 .severity.critical{background:#7f1d1d;color:#fff;border-radius:3px;padding:0 4px;font-weight:600}
-tr.alert.clearing td{background:#fffbeb}
+tr.alert.clearing,tr.alert.clearing td{background:#fffbeb}
 .badge.inhibited{background:#e5e7eb;color:#4b5563}
 tr.alert.inhibited td{color:#6b7280}
 .inhibited-by{font-style:italic}
@@ -573,13 +556,30 @@ tr.mig .pods{padding-left:24px;color:#374151}
 p.note{padding:10px 14px;margin:0}
 code,.mono{font-family:ui-monospace,"SFMono-Regular","DejaVu Sans Mono","Liberation Mono",Menlo,Consolas,
  monospace;font-size:12px}
-.pname{font-weight:600;word-break:break-all}
+.pname{font-weight:600;overflow-wrap:anywhere}
 .util{display:flex;align-items:center;gap:10px}
 .util .num{min-width:3.2em;text-align:right;font-variant-numeric:tabular-nums}
 svg.spark{display:block}
 svg.spark rect{fill:#eff6ff;stroke:#dbeafe}
 svg.spark polyline{fill:none;stroke:#2563eb;stroke-width:1.5;stroke-linejoin:round}
 svg.spark circle{fill:#2563eb}
+svg.spark polygon{fill:#2563eb}
 a{color:#1d4ed8}
 footer{padding:4px 24px 24px;color:#6b7280;font-size:13px}
+#alerts td:last-child{min-width:14em}
+@media (max-width:800px){
+ header,.banner{padding-left:12px;padding-right:12px}
+ header .right{margin-left:0}
+ main{padding:2px 8px 12px}
+ footer{padding:4px 12px 16px}
+ th,td{padding:5px 7px}
+ #alerts table,#alerts tbody{display:block}
+ #alerts thead{display:none}
+ #alerts tr.alert{display:flex;flex-wrap:wrap;align-items:baseline;gap:2px 12px;padding:7px 10px;
+  border-bottom:1px solid #eef0f3}
+ #alerts tr.alert td{padding:0;border:0}
+ #alerts tr.alert td:nth-child(3)::before{content:"GPU "}
+ #alerts tr.alert td:nth-child(5)::before{content:"for "}
+ #alerts tr.alert td:last-child{flex-basis:100%;min-width:0;overflow-wrap:anywhere}
+}
 """
