@@ -15,6 +15,10 @@ Line format (schema ``version`` 1): ``Transition.to_json()`` plus ``"version": 1
 values (NaN, infinity), which JSON cannot represent, are written as null. When a capture an alert
 triggered has been analysed, a line with ``"event": "capture_analysis"`` follows (the alert's name
 and GPU, the capture id, the verdict, its headline and findings); transition lines have no ``event``.
+A capture trigger the agent refused writes a line with ``"event": "capture_refused"``: the trigger
+(its kind, the alert's name), the GPU, the reason (cooldown, budget, quota, busy, ...), the agent's
+message, and ``allowed_at`` (Unix seconds: when a trigger like it would next be allowed; null when
+not known).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import IO, Any
 from gpuscope.alerts.config import EventLogConfig
 from gpuscope.alerts.model import Transition
 from gpuscope.capture.model import CaptureRecord
+from gpuscope.capture.refusals import RefusedTrigger
 from gpuscope.health import SourceHealth
 from gpuscope.threads import start_thread
 
@@ -105,6 +110,20 @@ class AlertEventLog:
                         "headline": analysis.get("headline"), "skipped": analysis.get("skipped"),
                         "findings": [{k: f.get(k) for k in ("kind", "severity", "share", "summary")}
                                      for f in analysis.get("findings") or ()]})
+        with self._wake:
+            if self._closed:
+                return
+            self._keep([line])
+            self._wake.notify()
+
+    def record_refusal(self, refused: RefusedTrigger) -> None:
+        """Queue the line of a refused capture trigger (a refusal log listener; never blocks on I/O)."""
+        trigger = refused.trigger
+        line = _encode({"version": SCHEMA_VERSION, "event": "capture_refused", "at": refused.at,
+                        "trigger": trigger.kind, "name": trigger.alertname, "user": trigger.user,
+                        "gpu": refused.gpu, "pid": refused.pid, "mig_uuid": refused.mig_uuid,
+                        "reason": refused.reason, "message": refused.message,
+                        "allowed_at": refused.allowed_at})
         with self._wake:
             if self._closed:
                 return

@@ -25,13 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuscope.alerts.model import Alert
-from gpuscope.capture.model import CaptureRecord
+from gpuscope.capture.model import CaptureRecord, Trigger
+from gpuscope.capture.refusals import RefusedTrigger
 from gpuscope.common.sizes import format_size
 from gpuscope.snapshot import GpuReading, MigReading, PodContainer, ProcessReading, Snapshot
 from gpuscope.web.utilization_history import DEFAULT_POINTS, UtilizationSeries
 
 REFRESH_SECONDS = 5
 RECENT_CAPTURES = 10  # rows of the captures table
+RECENT_REFUSALS = 10  # rows of the refused triggers' table, under it
 CAPTURES_PATH = "/api/v1/captures"
 _SPARK_WIDTH, _SPARK_HEIGHT = 120, 28
 _MAX_ERROR_CHARS = 160  # a capture's error on the page (the JSON listing has it whole)
@@ -61,6 +63,7 @@ class StatusView:
     include_users: bool = True  # processes.user
     downloads: bool = False  # whether capture downloads are served to this page's reader
     history_points: int = DEFAULT_POINTS
+    refusals: Sequence[RefusedTrigger] = ()  # capture triggers refused lately, newest first
 
 
 def render_status_page(view: StatusView) -> bytes:
@@ -340,7 +343,8 @@ def _captures_section(view: StatusView) -> str:
                                            "(<code>capture.enabled</code>).</p>")
     listing = f'<a href="{CAPTURES_PATH}">all as JSON</a>'
     if not view.captures:
-        return _section("Recent captures", f'<p class="note muted">No capture is stored. ({listing})</p>')
+        return _section("Recent captures", f'<p class="note muted">No capture is stored. ({listing})</p>'
+                        + _refusals_table(view), "captures")
     rows = []
     for record in view.captures[:RECENT_CAPTURES]:
         capture_id = _e(record.id)
@@ -367,7 +371,39 @@ def _captures_section(view: StatusView) -> str:
     shown = min(len(view.captures), RECENT_CAPTURES)
     title = f"Recent captures (newest {shown} of {len(view.captures)}; {listing})"
     headings = ("ID", "GPU", "Trigger", "Outcome", "Started", "Length", "Size", "Finding")
-    return _section(title, _table(headings, rows) + note, "captures")
+    return _section(title, _table(headings, rows) + note + _refusals_table(view), "captures")
+
+
+def _refusals_table(view: StatusView) -> str:
+    """The capture triggers refused lately: when, the GPU, the trigger, the reason (the agent's message
+    under it) and when a trigger like it is allowed again. Nothing when none was refused."""
+    if not view.refusals:
+        return ""
+    rows = []
+    for refused in view.refusals[:RECENT_REFUSALS]:
+        message = refused.message
+        if len(message) > _MAX_ERROR_CHARS:
+            message = message[:_MAX_ERROR_CHARS] + "…"
+        rows.append(
+            f'<tr class="refusal"><td class="nowrap">{_clock(refused.at)}</td>'
+            f'<td class="num">{_NONE if refused.gpu is None else refused.gpu}</td>'
+            f'<td class="nowrap">{_trigger_text(refused.trigger)}</td>'
+            f'<td><span class="outcome refused">{_e(refused.reason)}</span>'
+            f'<div class="muted small">{_e(message)}</div></td>'
+            f'<td class="nowrap">{_next_allowed(refused, view.now)}</td></tr>')
+    shown = min(len(view.refusals), RECENT_REFUSALS)
+    title = (f'<h3 class="refusals">Refused triggers (newest {shown} of {len(view.refusals)} kept; '
+             f'<a href="{CAPTURES_PATH}?include_refused=1">all as JSON</a>)</h3>\n')
+    return title + _table(("Refused", "GPU", "Trigger", "Reason", "Next allowed"), rows)
+
+
+def _next_allowed(refused: RefusedTrigger, now: float) -> str:
+    """When a trigger like the refused one may capture: "next alert capture allowed in 12 min 5 s"."""
+    wait = refused.allowed_in(now)
+    if wait is None:
+        return _NONE
+    what = "alert capture" if refused.trigger.kind in ("alert", "webhook") else "capture"
+    return f"next {what} allowed now" if wait == 0 else f"next {what} allowed in {_duration(wait)}"
 
 
 def _finding(analysis: dict[str, Any] | None) -> str:
@@ -429,7 +465,10 @@ def _history_span(view: StatusView, snapshot: Snapshot) -> str:
 
 
 def _trigger(record: CaptureRecord) -> str:
-    trigger = record.trigger
+    return _trigger_text(record.trigger)
+
+
+def _trigger_text(trigger: Trigger) -> str:
     detail = trigger.alertname or trigger.user
     return _e(trigger.kind) + (f' <span class="muted">{_e(detail)}</span>' if detail else "")
 
@@ -528,6 +567,8 @@ tr.mig .mig-name{padding-left:10px;font-weight:600}
 tr.mig .pods{padding-left:24px;color:#374151}
 .outcome{font-weight:600}
 .outcome.captured{color:#15803d}
+.outcome.refused{color:#b45309}
+h3.refusals{font-size:14px;margin:0;padding:9px 14px;border-top:1px solid #e5e7eb;background:#f9fafb}
 .outcome.failed,.outcome.unreachable,.outcome.exited{color:#b91c1c}
 .nowrap{white-space:nowrap}
 .banner code{font-size:inherit}
