@@ -142,6 +142,8 @@ class Agent:
                 self.captures.analysis.add_listener(self.capture_verdicts.on_analysed)
                 if self.event_log is not None:
                     self.captures.analysis.add_listener(self.event_log.record_analysis)
+            if self.event_log is not None:
+                self.captures.service.refusals.add_listener(self.event_log.record_refusal)
             if settings.capture.webhook.enabled:
                 webhook_auth = build_webhook_auth(settings, self.web_config)
                 self.webhook = WebhookReceiver(self.captures.service.submit,
@@ -163,6 +165,7 @@ class Agent:
                                     webhook_auth=webhook_auth, include_processes=settings.processes.export,
                                     include_users=settings.processes.user,
                                     captures=self.captures.store if self.captures is not None else None,
+                                    refusals=self.captures.service.refusals if self.captures else None,
                                     history=self.utilization_history,
                                     simulated=self.simulation.scenario.name if self.simulation else None)
         self.registry.register(WebCollector(self.http.rejections, self.web_config))

@@ -145,11 +145,14 @@ def test_without_a_ledger_the_stored_captures_stand_in(tmp_path: Path) -> None:
     service = service_for(store, CapturePolicy(cfg), FakeBackend(size=100))
     service.start()
     try:
-        assert capture(service)[0] == capture(service)[0] == "captured"
+        assert capture(service)[0] == "captured"
+        assert capture(service, Trigger("alert", alertname="GpuLowUtilization"))[0] == "captured"
     finally:
         service.stop()
     admissions = restored_admissions(AdmissionLedger(store.root / LEDGER_FILE), store)
+    # Both charged the budget; only the alert's capture started GPU 0's alert cooldown.
     assert len(admissions.started) == 2 and set(admissions.last_on_gpu) == {0}
+    assert admissions.last_on_gpu[0] == max(admissions.started)
     restored = CapturePolicy(cfg, restored=admissions)
     assert restored.budget_left() == 1 and restored.cooldown_left(0) > 0
     store.close()

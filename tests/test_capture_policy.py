@@ -133,8 +133,9 @@ def test_cooldown_per_gpu_for_alert_and_webhook_triggers() -> None:
     clock.now += 60
     refused = policy.admit(ALERT, 0)
     assert (refused.allowed, refused.code) == (False, "cooldown")
-    assert refused.reason == ("GPU 0 is cooling down: last capture 1m ago, cooldown 15m (capture.cooldown); "
-                              "next possible in 14m")
+    assert refused.reason == ("GPU 0 is cooling down: last alert capture 1m ago, cooldown 15m "
+                              "(capture.cooldown); next possible in 14m")
+    assert refused.allowed_in_s == 840.0
     assert policy.admit(WEBHOOK, 0).code == "cooldown"
     assert policy.cooldown_left(0) == 840.0 and policy.cooldown_left(1) == 0.0
     assert run(policy, ALERT, 1).allowed, "another GPU is not cooling down"
@@ -144,18 +145,58 @@ def test_cooldown_per_gpu_for_alert_and_webhook_triggers() -> None:
     assert run(policy, ALERT, 0).allowed
 
 
-def test_user_and_fleet_triggers_bypass_the_cooldown_but_start_it() -> None:
+def test_user_and_fleet_triggers_bypass_the_cooldown_and_leave_it_alone() -> None:
     policy, clock = make(cooldown="15m")
     assert run(policy, ALERT, 0).allowed
     clock.now += 10
     assert run(policy, USER, 0).allowed
     assert run(policy, FLEET, 0).allowed
-    clock.now += 10
-    # The fleet capture restarted GPU 0's cooldown: an alert 15 minutes after the first capture is refused.
+    assert policy.cooldown_left(0) == 890.0, "the alert capture's cooldown, not restarted"
     clock.now = 1000.0 + 900.0
-    assert policy.check(ALERT, 0).code == "cooldown"
-    clock.now = 1010.0 + 900.0
     assert policy.check(ALERT, 0).allowed
+
+
+def test_a_user_capture_does_not_start_the_alert_cooldown() -> None:
+    policy, _ = make(cooldown="15m")
+    user = run(policy, USER, 0)
+    assert user.allowed and policy.cooldown_left(0) == 0.0
+    assert run(policy, ALERT, 0).allowed, "the alert right after a manual capture gets its own"
+    assert run(policy, WEBHOOK, 1).allowed
+    assert run(policy, FLEET, 1).allowed and policy.check(ALERT, 1).code == "cooldown"
+
+
+def test_a_user_capture_is_told_what_it_costs_the_alert_captures() -> None:
+    policy, clock = make(hourly_budget=2)
+    first = run(policy, USER, 0)
+    assert first.notice == ("this capture uses 1 of the 2 captures per hour (capture.hourly_budget) that "
+                            "alert captures share: 1 left; alert triggers are refused while it runs; the "
+                            "alert cooldown is not affected")
+    clock.now += 600
+    last = run(policy, FLEET, 0)
+    assert "0 left; alert captures are refused for the next 50m" in last.notice
+    assert run(policy, ALERT, 0).code == "budget"
+    assert policy.check(ALERT, 0).allowed_in_s == 3000.0
+    assert policy.admit(ALERT, 1).notice == "", "an alert's capture is not told"
+
+
+def test_a_restored_ledger_from_the_store_starts_cooldowns_for_alert_captures_only() -> None:
+    from gpuscope.capture.factory import restored_admissions
+
+    class Ledgerless:
+        def exists(self) -> bool:
+            return False
+
+    class Stored:
+        def __init__(self, kind: str, gpu: int, start: float) -> None:
+            self.trigger, self.gpu, self.start = Trigger(kind, alertname="A"), gpu, start  # type: ignore[arg-type]
+
+    class Store:
+        def list(self) -> list[Stored]:
+            return [Stored("user", 0, 50.0), Stored("alert", 1, 40.0), Stored("webhook", 2, 30.0)]
+
+    admissions = restored_admissions(Ledgerless(), Store())  # type: ignore[arg-type]
+    assert admissions.started == [30.0, 40.0, 50.0]
+    assert admissions.last_on_gpu == {1: 40.0, 2: 30.0}
 
 
 def test_zero_cooldown() -> None:
@@ -191,20 +232,30 @@ def test_refund_gives_back_budget_and_cooldown() -> None:
     assert policy.budget_left() == 0 and policy.cooldown_left(0) == 900.0
 
 
-def test_a_refund_restores_the_earlier_cooldown() -> None:
+def test_a_refunded_user_capture_leaves_the_alert_cooldown_as_it_was() -> None:
     policy, clock = make()
     assert run(policy, ALERT, 0).allowed
     clock.now += 100
-    user = policy.admit(USER, 0)  # bypasses the cooldown, restarts it ...
-    assert policy.cooldown_left(0) == 900.0
-    policy.release(user, refund=True)  # ... but found nothing to profile
+    user = policy.admit(USER, 0)  # bypasses the cooldown ...
     assert policy.cooldown_left(0) == 800.0
+    policy.release(user, refund=True)  # ... and found nothing to profile
+    assert policy.cooldown_left(0) == 800.0 and policy.budget_left() == 5
     assert policy.check(ALERT, 0).code == "cooldown"
+
+
+def test_a_refund_restores_the_earlier_cooldown() -> None:
+    policy, clock = make(cooldown="15m")
+    assert run(policy, ALERT, 0).allowed
+    clock.now += 1000  # over
+    again = policy.admit(WEBHOOK, 0)
+    assert policy.cooldown_left(0) == 900.0
+    policy.release(again, refund=True)
+    assert policy.cooldown_left(0) == 0.0 and policy.check(ALERT, 0).allowed
 
 
 def test_the_order_of_reasons() -> None:
     policy, _ = make(hourly_budget=1, rules={"GpuLowUtilization": False})
-    held = policy.admit(USER, 0)
+    held = policy.admit(Trigger("alert", alertname="GpuBusyButStalled"), 0)
     assert policy.check(ALERT, 0).code == "rule", "static reasons first"
     assert policy.check(USER, 0, duration_s=99).code == "duration"
     assert policy.check(USER, 0).code == "busy"

@@ -340,7 +340,8 @@ def test_capture_list_and_get_through_the_api(tmp_path: Path) -> None:
         for key in ("id", "outcome", "gpu", "pids", "target", "files"):
             assert key in record
         assert record["gpu"] == 0 and record["target"] == f"tsl {PROFILER}"
-        assert record["trigger"] == {"kind": "user", "alertname": None, "user": "unix"}
+        assert record["trigger"] == {"kind": "user", "alertname": None, "user": "unix", "judged_since": None,
+                                     "judged_until": None, "alert_summary": None}
         assert record["duration_s"] == 0.25 and node.backend.calls[0][2] == 0.25
         by_target = client.capture(target=PROFILER)  # no duration: the agent's default (200ms)
         assert by_target["outcome"] == "captured" and by_target["duration_s"] == 0.2

@@ -341,7 +341,7 @@ def test_before_the_first_tick_and_with_everything_off(tmp_path: Path) -> None:
         page = served.page()
         assert "Alerting is off" in page and "Captures are off" in page
         assert json.loads(served.request("/api/v1/captures")[2]) == {"enabled": False, "downloads": False,
-                                                                     "captures": []}
+                                                                     "captures": [], "refused_count": 0}
         assert served.request("/api/v1/captures/20231114T221320Z-gpu0-abcdef")[0] == 404
 
 

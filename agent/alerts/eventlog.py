@@ -16,7 +16,10 @@ values (NaN, infinity), which JSON cannot represent, are written as null. When a
 triggered has been analysed, a line with ``"event": "capture_analysis"`` follows (the alert's name
 and GPU, the capture id, the verdict, its headline and findings, and under ``alert`` which minutes
 the alert judged and which the capture saw, and whether the verdict accounts for the alert);
-transition lines have no ``event``.
+transition lines have no ``event``. A capture trigger the agent refused writes a line with
+``"event": "capture_refused"``: the trigger (its kind, the alert's name), the GPU, the reason
+(cooldown, budget, quota, busy, ...), the agent's message, and ``allowed_at`` (Unix seconds: when a
+trigger like it would next be allowed; null when not known).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from gpuscope.alerts.config import EventLogConfig
 from gpuscope.alerts.model import Transition
 from gpuscope.capture.alert_context import alert_context
 from gpuscope.capture.model import CaptureRecord
+from gpuscope.capture.refusals import RefusedTrigger
 from gpuscope.health import SourceHealth
 from gpuscope.threads import start_thread
 
@@ -110,6 +114,20 @@ class AlertEventLog:
                         "findings": [{k: f.get(k) for k in ("kind", "severity", "share", "summary")}
                                      for f in analysis.get("findings") or ()],
                         "alert": context.to_json() if context is not None else None})
+        with self._wake:
+            if self._closed:
+                return
+            self._keep([line])
+            self._wake.notify()
+
+    def record_refusal(self, refused: RefusedTrigger) -> None:
+        """Queue the line of a refused capture trigger (a refusal log listener; never blocks on I/O)."""
+        trigger = refused.trigger
+        line = _encode({"version": SCHEMA_VERSION, "event": "capture_refused", "at": refused.at,
+                        "trigger": trigger.kind, "name": trigger.alertname, "user": trigger.user,
+                        "gpu": refused.gpu, "pid": refused.pid, "mig_uuid": refused.mig_uuid,
+                        "reason": refused.reason, "message": refused.message,
+                        "allowed_at": refused.allowed_at})
         with self._wake:
             if self._closed:
                 return

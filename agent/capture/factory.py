@@ -98,11 +98,13 @@ def build_captures(config: CaptureConfig, *, snapshots: SnapshotSource, hostname
 
 def restored_admissions(ledger: AdmissionLedger, store: CaptureStore) -> Admissions:
     """The ledger's admissions; without a ledger (a store from an older agent), the stored captures'
-    start times stand in: each one was admitted, and charged the budget and its GPU's cooldown."""
+    start times stand in: each one was admitted and charged the budget, and an alert's or a webhook's
+    started its GPU's alert cooldown (a user's does not)."""
     if ledger.exists():
         return ledger.load()
     admissions = Admissions()
     for record in sorted(store.list(), key=lambda r: r.start):
         admissions.started.append(record.start)
-        admissions.last_on_gpu[record.gpu] = record.start
+        if record.trigger.kind in ("alert", "webhook"):
+            admissions.last_on_gpu[record.gpu] = record.start
     return admissions

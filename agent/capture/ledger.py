@@ -1,5 +1,6 @@
 """The capture policy's memory across restarts: when captures were admitted (the hourly budget) and
-the last one on each GPU (the cooldown), kept in ``<store root>/.admissions.json``.
+the last alert or webhook capture on each GPU (the alert cooldown), kept in
+``<store root>/.admissions.json``.
 
 The file is rewritten atomically (a new file renamed over the old one) at each admission and each
 refund, so a restart, a crash loop or a rollout does not hand out a fresh budget. Times are wall

@@ -133,6 +133,8 @@ class CaptureRecord:
     # What the traces show (gpuscope.capture.analysis_worker's summary), added after the capture;
     # None until then, and for captures without a trace.
     analysis: dict[str, Any] | None = None
+    # A user or fleet capture: what it cost the alert captures (the hourly budget they share).
+    notice: str | None = None
     version: int = 1
 
     def to_json(self) -> dict[str, Any]:

@@ -10,15 +10,19 @@ Checks, in this order (the first that fails is the reason):
    request may name a length up to ``capture.max_duration``; a longer (or non-positive) one is refused,
    not shortened, so that whoever asked knows.
 4. One capture per node: while one is in flight, any other is refused ("busy node").
-5. The cooldown per GPU, for alert and webhook triggers only: after a capture on a GPU started, they
-   are refused on that GPU for ``capture.cooldown``. User and fleet requests bypass the cooldown (a
-   person asking for a trace now should get one), but they start the cooldown like any capture, and
-   they are still bound by 4 and 6 and by the store's quota.
+5. The alert cooldown per GPU, for alert and webhook triggers only: after an alert or webhook
+   capture on a GPU started, they are refused on that GPU for ``capture.cooldown`` (one incident,
+   one capture). User and fleet requests neither wait for it nor start it: a person asking for a
+   trace now should get one, and the alert that fires next on that GPU should still get its own.
+   They are bound by 4 and 6 and by the store's quota like every capture; the decision's ``notice``
+   tells whoever asked what their capture costs the alert captures (the shared hourly budget).
 6. The hourly budget: at most ``capture.hourly_budget`` captures (of any trigger) started in any
    rolling 60 minutes.
 
-``admit`` checks and, when allowed, takes the node's slot and charges the budget and the cooldown;
-``release`` gives the slot back when the capture is over. Pure logic with an injectable monotonic
+``admit`` checks and, when allowed, takes the node's slot and charges the budget (and, for an alert
+or webhook trigger, starts the cooldown); ``release`` gives the slot back when the capture is over.
+A refusal for the cooldown or the budget says when a trigger like it would be allowed
+(``Decision.allowed_in_s``). Pure logic with an injectable monotonic
 clock; thread-safe (the capture worker and the control API may ask concurrently). With a ledger,
 the budget and the cooldowns are written down at each change and restored at start, so a restart
 does not hand out a fresh budget.
@@ -56,6 +60,10 @@ class Decision:
     code: RefusalCode | None = None
     duration_s: float = 0.0  # the length to record, when allowed
     ticket: int = 0
+    # Refused for the cooldown or the budget: seconds until a trigger like this one would be allowed.
+    allowed_in_s: float | None = None
+    # Admitted user or fleet request: what it costs the alert captures, for whoever asked ("" otherwise).
+    notice: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +72,7 @@ class _InFlight:
     trigger: Trigger
     gpu: int | None
     since: float  # monotonic admission time (also what the budget and the cooldown were charged)
+    starts_cooldown: bool  # an alert or webhook capture: it started its GPU's cooldown
     previous_on_gpu: float | None  # the GPU's cooldown start before this one, restored by a refund
 
 
@@ -78,7 +87,7 @@ class CapturePolicy:
         self._lock = threading.Lock()
         self._in_flight: _InFlight | None = None
         self._started: deque[float] = deque()  # admission times inside the budget window
-        self._last_on_gpu: dict[int | None, float] = {}  # gpu -> last admission time
+        self._last_on_gpu: dict[int | None, float] = {}  # gpu -> last alert or webhook admission time
         self._next_ticket = 1
         if restored is not None:
             self._restore(restored)
@@ -121,11 +130,26 @@ class CapturePolicy:
                 return decision
             ticket = self._next_ticket
             self._next_ticket += 1
-            self._in_flight = _InFlight(ticket, trigger, gpu, now, self._last_on_gpu.get(gpu))
+            automatic = _automatic(trigger)
+            self._in_flight = _InFlight(ticket, trigger, gpu, now, automatic, self._last_on_gpu.get(gpu))
             self._started.append(now)
-            self._last_on_gpu[gpu] = now
+            if automatic:
+                self._last_on_gpu[gpu] = now
             self._persist()
-            return Decision(True, "", None, decision.duration_s, ticket)
+            notice = "" if automatic else self._cost_to_alert_captures()
+            return Decision(True, "", None, decision.duration_s, ticket, notice=notice)
+
+    def _cost_to_alert_captures(self) -> str:
+        """What an admitted user or fleet capture takes from the alert captures (lock held): the hourly
+        budget is theirs too, and none starts while it runs; their cooldown it leaves alone."""
+        budget = self._config.hourly_budget
+        left = max(0, budget - len(self._started))
+        text = (f"this capture uses 1 of the {budget} captures per hour (capture.hourly_budget) that alert "
+                f"captures share: {left} left")
+        if left == 0:
+            text += (f"; alert captures are refused for the next "
+                     f"{_ago(self._started[0] + BUDGET_WINDOW_SECONDS - self._clock())}")
+        return text + ("; alert triggers are refused while it runs; the alert cooldown is not affected")
 
     def release(self, decision: Decision, *, refund: bool = False) -> None:
         """The admitted capture is over: free the node's slot. ``refund``: nothing was attempted (no
@@ -139,7 +163,7 @@ class CapturePolicy:
             if refund:
                 if flight.since in self._started:
                     self._started.remove(flight.since)
-                if self._last_on_gpu.get(flight.gpu) == flight.since:
+                if flight.starts_cooldown and self._last_on_gpu.get(flight.gpu) == flight.since:
                     if flight.previous_on_gpu is None:
                         del self._last_on_gpu[flight.gpu]
                     else:
@@ -150,7 +174,7 @@ class CapturePolicy:
         config = self._config
         if not config.enabled:
             return _refuse("disabled", "captures are disabled (capture.enabled: false)")
-        automatic = trigger.kind in ("alert", "webhook")
+        automatic = _automatic(trigger)
         if automatic:
             if not trigger.alertname:
                 return _refuse("rule", f"the {trigger.kind} trigger names no alert")
@@ -178,15 +202,16 @@ class CapturePolicy:
             last = self._last_on_gpu.get(gpu)
             if last is not None and now - last < config.cooldown:
                 cooldown = format_duration(config.cooldown)
-                return _refuse("cooldown", f"GPU {gpu} is cooling down: last capture {_ago(now - last)} ago, "
-                                           f"cooldown {cooldown} (capture.cooldown); next possible in "
-                                           f"{_ago(last + config.cooldown - now)}")
+                return _refuse("cooldown", f"GPU {gpu} is cooling down: last alert capture "
+                                           f"{_ago(now - last)} ago, cooldown {cooldown} (capture.cooldown); "
+                                           f"next possible in {_ago(last + config.cooldown - now)}",
+                               allowed_in_s=last + config.cooldown - now)
         self._expire(now)
         if len(self._started) >= config.hourly_budget:
             free_at = self._started[0] + BUDGET_WINDOW_SECONDS
             return _refuse("budget", f"hourly budget used: {len(self._started)} captures in the last hour "
                                      f"(capture.hourly_budget: {config.hourly_budget}); next possible in "
-                                     f"{_ago(free_at - now)}")
+                                     f"{_ago(free_at - now)}", allowed_in_s=free_at - now)
         return Decision(True, "", None, length)
 
     def _expire(self, now: float) -> None:
@@ -206,7 +231,8 @@ class CapturePolicy:
             return max(0, self._config.hourly_budget - len(self._started))
 
     def cooldown_left(self, gpu: int | None) -> float:
-        """Seconds before an alert or webhook trigger on ``gpu`` may capture again (0: it may now)."""
+        """Seconds before an alert or webhook trigger on ``gpu`` may capture again (0: it may now); only
+        alert and webhook captures start it."""
         with self._lock:
             last = self._last_on_gpu.get(gpu)
             if last is None:
@@ -214,8 +240,14 @@ class CapturePolicy:
             return max(0.0, last + self._config.cooldown - self._clock())
 
 
-def _refuse(code: RefusalCode, reason: str) -> Decision:
-    return Decision(False, reason, code)
+def _refuse(code: RefusalCode, reason: str, *, allowed_in_s: float | None = None) -> Decision:
+    wait = None if allowed_in_s is None else max(0.0, allowed_in_s)
+    return Decision(False, reason, code, allowed_in_s=wait)
+
+
+def _automatic(trigger: Trigger) -> bool:
+    """An alert's trigger (the agent's rules, Alertmanager's webhook), as opposed to a person's request."""
+    return trigger.kind in ("alert", "webhook")
 
 
 def _ago(seconds: float) -> str:

@@ -33,6 +33,7 @@ from gpuscope.capture.model import (
     clip_error,
 )
 from gpuscope.capture.policy import CapturePolicy, Decision
+from gpuscope.capture.refusals import RefusalLog, RefusalReason, RefusedTrigger
 from gpuscope.capture.store import (
     CaptureQuotaError,
     CaptureStore,
@@ -50,6 +51,9 @@ log = logging.getLogger(__name__)
 
 _QUEUE_LIMIT = 64  # triggers waiting; more than this while a capture runs means a storm: drop
 _MAX_PARALLEL_TARGETS = 16  # processes of one capture profiled at the same time
+_KEPT_POLICY_REFUSALS: dict[str, RefusalReason] = {  # the policy's reasons kept in the refusal log
+    "disabled": "disabled", "duration": "duration", "busy": "busy", "cooldown": "cooldown",
+    "budget": "budget"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +81,8 @@ class CaptureService:
     def __init__(self, *, store: CaptureStore, policy: CapturePolicy, resolver: TargetResolver,
                  backends: Mapping[str, CaptureBackend], snapshots: SnapshotSource,
                  hostname: str, deadline_margin_s: float,
-                 wall_clock: Callable[[], float] = time.time, health: SourceHealth | None = None) -> None:
+                 wall_clock: Callable[[], float] = time.time, health: SourceHealth | None = None,
+                 refusals: RefusalLog | None = None) -> None:
         self._store = store
         self._policy = policy
         self._resolver = resolver
@@ -94,6 +99,8 @@ class CaptureService:
         self._counts: dict[tuple[TriggerKind, Outcome], int] = {}
         self._worker = OnDemandThread("gpuscope-capture", self._run, health=health, source="captures")
         self._stored_listeners: list[Callable[[CaptureRecord], None]] = []
+        # The newest refused triggers, for `captures ls --all`, the APIs, the page and the event log.
+        self.refusals = refusals if refusals is not None else RefusalLog()
 
     def add_stored_listener(self, callback: Callable[[CaptureRecord], None]) -> None:
         """Called in the capture thread with the record of each capture stored with a trace."""
@@ -114,7 +121,8 @@ class CaptureService:
         try:
             self._queue.put_nowait((request, future))
         except queue.Full:
-            record = self._refused(request, "too many captures queued; this trigger was dropped")
+            record = self._refused(request, "too many captures queued; this trigger was dropped",
+                                   reason="queue_full")
             future.set_result(record)
             return future
         self._worker.wake()
@@ -138,7 +146,7 @@ class CaptureService:
             except queue.Empty:
                 break
             if item is not None:
-                item[1].set_result(self._refused(item[0], "the agent is stopping"))
+                item[1].set_result(self._refused(item[0], "the agent is stopping", reason="stopping"))
         with contextlib.suppress(queue.Full):  # just emptied: only a racing submit could fill it
             self._queue.put_nowait(None)
         self._worker.join(timeout)
@@ -189,14 +197,17 @@ class CaptureService:
         if not decision.allowed:
             log.info("capture refused (%s, %s): %s", request.trigger.kind, _subject(request, gpu),
                      decision.reason)
-            return self._refused(request, decision.reason, gpu=gpu)
+            # An alert whose rule takes no captures was never a capture: counted, not kept.
+            kept = None if decision.code is None else _KEPT_POLICY_REFUSALS.get(decision.code)
+            return self._refused(request, decision.reason, gpu=gpu, reason=kept,
+                                 allowed_in_s=decision.allowed_in_s)
         if request.on_mig and request.pid is None and request.target is None:
             gpu_reading, refusal = _on_requested_device(gpu_reading, request, gpu)
             if gpu_reading is None:  # never the whole GPU in its place: other tenants' jobs
                 self._policy.release(decision, refund=True)
                 log.info("capture refused (%s, %s): %s", request.trigger.kind, _subject(request, gpu),
                          refusal)
-                return self._refused(request, refusal, gpu=gpu)
+                return self._refused(request, refusal, gpu=gpu, reason="device_gone")
         targets, pids = self._targets(request, gpu_reading)
         if not targets:
             self._policy.release(decision, refund=True)
@@ -237,6 +248,7 @@ class CaptureService:
                 self._store.abort(staging)
                 record = self._record(request, "refused", gpu=gpu, pids=pids, targets=outcomes,
                                       start=start, duration_s=decision.duration_s, error=str(err))
+                self._keep_refusal(request, "quota", str(err), gpu=gpu)
             except CaptureStoreError as err:  # no space, an I/O error: the agent's side failed
                 self._store.abort(staging)
                 self._store_failed = refund = True
@@ -250,6 +262,8 @@ class CaptureService:
         finally:
             self._policy.release(decision, refund=refund)
         self._count(request.trigger.kind, record.outcome)
+        if decision.notice:
+            record = replace(record, notice=decision.notice)
         on_gpu = [] if gpu is None else [f"GPU {gpu}"]  # a target's own description names the pid
         log.info("capture %s: %s (%s)", record.id, record.outcome,
                  ", ".join([*on_gpu, *(o.target.describe() for o in record.targets)]))
@@ -339,9 +353,22 @@ class CaptureService:
         log.info("capture not taken (%s): %s", _subject(request, gpu), error)
         return record
 
-    def _refused(self, request: CaptureRequest, reason: str, *, gpu: int | None = None) -> CaptureRecord:
+    def _refused(self, request: CaptureRequest, message: str, *, gpu: int | None = None,
+                 reason: RefusalReason | None, allowed_in_s: float | None = None) -> CaptureRecord:
+        """The record of a refused request, counted and (``reason`` given) kept in the refusal log."""
         self._count(request.trigger.kind, "refused")
-        return self._record(request, "refused", gpu=gpu if gpu is not None else request.gpu, error=reason)
+        gpu = gpu if gpu is not None else request.gpu
+        if reason is not None:
+            self._keep_refusal(request, reason, message, gpu=gpu, allowed_in_s=allowed_in_s)
+        return self._record(request, "refused", gpu=gpu, error=message)
+
+    def _keep_refusal(self, request: CaptureRequest, reason: RefusalReason, message: str, *,
+                      gpu: int | None, allowed_in_s: float | None = None) -> None:
+        now = self._wall_clock()
+        self.refusals.add(RefusedTrigger(
+            at=now, trigger=request.trigger, gpu=gpu, reason=reason, message=message,
+            allowed_at=None if allowed_in_s is None else now + allowed_in_s, pid=request.pid,
+            mig_uuid=request.mig_uuid))
 
     def _record(self, request: CaptureRequest, outcome: Outcome, *, gpu: int | None = None,
                 pids: tuple[int, ...] = (), targets: tuple[TargetOutcome, ...] = (),

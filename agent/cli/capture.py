@@ -3,7 +3,7 @@
     gpuscope capture --gpu 0 --duration 2s [--json]             # the local agent (Unix socket)
     gpuscope capture --pid 1234 --agent node7:9848 --token-file T --tls-ca CA
     gpuscope capture --agents node1:9848,node2:9848 --duration 2s --token-file T --tls-ca CA
-    gpuscope captures ls [--json]
+    gpuscope captures ls [--all] [--json]
     gpuscope captures get ID -o DIR
 
 A fleet capture (``--agents``) asks every agent, in parallel, to start at the same wall-clock time (now
@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,7 +138,13 @@ def add_capture_commands(subparsers: Any) -> None:
     ls = sub.add_parser("ls", help="List the stored captures, newest first.")
     ls.add_argument("--limit", type=_non_negative, default=0, metavar="N",
                     help="At most N captures (default: the agent's page size).")
-    ls.add_argument("--json", action="store_true", help="Print the capture records as JSON.")
+    ls.add_argument("--all", action="store_true",
+                    help="Also list the capture triggers the agent refused lately (the alert cooldown, the "
+                         "hourly budget, the store's quota, another capture in flight ...), with the reason "
+                         "and when a capture is allowed again.")
+    ls.add_argument("--json", action="store_true",
+                    help="Print the capture records as JSON (with --all: an object with \"captures\" and "
+                         "\"refused\").")
     _connection_flags(ls, fleet=False)
     get = sub.add_parser("get", help="Download a capture's files into a directory (a TensorBoard logdir).")
     get.add_argument("id", help="The capture id, as `gpuscope captures ls` shows it.")
@@ -220,6 +228,8 @@ def _capture(args: argparse.Namespace) -> int:
         print(format_record(record))
         if record.get("outcome") == "captured":
             print(f"download: gpuscope captures get {record.get('id')} -o DIR")
+        if record.get("notice"):  # what it cost the alert captures (their shared budget)
+            print(f"note: {record['notice']}")
     return EXIT_OK if record.get("outcome") == "captured" else EXIT_FAILURE
 
 
@@ -296,13 +306,29 @@ def _failed_record(err: ControlError, selector: dict[str, Any]) -> dict[str, Any
 def _list(args: argparse.Namespace) -> int:
     with _client(args) as client:
         who = _which_agent(client)
-        records = client.list_captures(limit=args.limit)
+        listing = client.capture_listing(limit=args.limit, include_refused=args.all)
+    records = listing.captures
     if args.json:
-        print(json.dumps([{**who, **r} for r in records], indent=2))
+        captures = [{**who, **r} for r in records]
+        if args.all:
+            print(json.dumps({**who, "captures": captures, "refused_count": listing.refused_count,
+                              "refused": listing.refused}, indent=2))
+        else:
+            print(json.dumps(captures, indent=2))
         return EXIT_OK
     if not records:
         print("no captures stored")
-        return EXIT_OK
+    else:
+        _print_captures(records)
+    if args.all:
+        _print_refused(listing.refused, listing.refused_count)
+    elif listing.refused_count:
+        print(f"{listing.refused_count} capture trigger(s) refused since the agent started; "
+              "`gpuscope captures ls --all` lists them with the reason")
+    return EXIT_OK
+
+
+def _print_captures(records: list[dict[str, Any]]) -> None:
     rows = [("ID", "STARTED (UTC)", "OUTCOME", "TRIGGER", "GPU", "PIDS", "SIZE", "FINDING", "TARGET")]
     for r in records:
         trigger = r.get("trigger") or {}
@@ -313,10 +339,51 @@ def _list(args: argparse.Namespace) -> int:
                      "-" if r.get("gpu") is None else str(r["gpu"]),
                      ",".join(map(str, r.get("pids") or ())) or "-", format_size(int(r.get("bytes") or 0)),
                      _finding(r.get("analysis")), str(r.get("target") or "-")))
+    _print_table(rows)
+
+
+def _print_refused(refused: list[dict[str, Any]], count: int | None) -> None:
+    """The refused triggers, newest first: when, the trigger, the GPU, the reason, when a trigger like
+    it is allowed again, and the agent's message."""
+    print()
+    if count is None:
+        print("this agent does not keep refused capture triggers (an older gpuscope)")
+        return
+    if not refused:
+        print("no capture trigger refused since the agent started")
+        return
+    kept = f" (the newest {len(refused)} are kept)" if count > len(refused) else ""
+    print(f"refused capture triggers: {count}{kept}")
+    rows = [("REFUSED (UTC)", "TRIGGER", "GPU", "REASON", "NEXT ALLOWED", "MESSAGE")]
+    now = time.time()
+    for r in refused:
+        trigger = r.get("trigger") or {}
+        kind = str(trigger.get("kind") or "-")
+        if trigger.get("alertname"):
+            kind += f":{trigger['alertname']}"
+        rows.append((_time(r.get("at")), kind, "-" if r.get("gpu") is None else str(r["gpu"]),
+                     str(r.get("reason") or "-"), _allowed_in(r.get("allowed_at"), now),
+                     " ".join(str(r.get("message") or "").split())))
+    _print_table(rows)
+
+
+def _allowed_in(allowed_at: Any, now: float) -> str:
+    """When a refused trigger's kind is allowed again: "in 14m 10s", "now", "-" (unknown)."""
+    if isinstance(allowed_at, bool) or not isinstance(allowed_at, (int, float)):
+        return "-"
+    wait = allowed_at - now
+    if wait <= 0:
+        return "now"
+    minutes, seconds = divmod(math.ceil(wait), 60)
+    hours, minutes = divmod(minutes, 60)
+    parts = [f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (seconds, "s")) if n]
+    return "in " + " ".join(parts)
+
+
+def _print_table(rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    return EXIT_OK
 
 
 def _get(args: argparse.Namespace) -> int:

@@ -60,6 +60,16 @@ def is_socket_address(address: str | Path) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class CaptureListing:
+    """ListCaptures' answer. ``refused_count``: triggers the agent refused since it started (None: an
+    older agent, which keeps no refusals); ``refused``: those it keeps, newest first, when asked for."""
+
+    captures: list[dict[str, Any]]
+    refused_count: int | None
+    refused: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
 class AgentInfo:
     """Which agent answers: its node name, process id, version, and the scenario it simulates."""
 
@@ -210,8 +220,26 @@ class ControlClient:
         return _json(response.record_json.encode(), "capture record")
 
     def list_captures(self, limit: int = 0) -> list[dict[str, Any]]:
-        response = self._call(self._stub.ListCaptures, agent_pb2.ListCapturesRequest(limit=limit))
-        return [_json(c.record_json.encode(), "capture record") for c in response.captures]
+        return self.capture_listing(limit).captures
+
+    def capture_listing(self, limit: int = 0, *, include_refused: bool = False) -> CaptureListing:
+        """The stored captures and, with ``include_refused``, the refused triggers the agent keeps."""
+        response = self._call(self._stub.ListCaptures,
+                              agent_pb2.ListCapturesRequest(limit=limit, include_refused=include_refused))
+        captures = [_json(c.record_json.encode(), "capture record") for c in response.captures]
+        refused: list[dict[str, Any]] = []
+        if include_refused and response.refused_json:
+            try:
+                listed = json.loads(response.refused_json.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as err:
+                raise ControlError(f"the agent sent a list of refused triggers that is not JSON: "
+                                   f"{err}") from None
+            if not isinstance(listed, list) or not all(isinstance(r, dict) for r in listed):
+                raise ControlError("the agent sent a list of refused triggers that is not a JSON array of "
+                                   "objects")
+            refused = listed
+        count = response.refused_count if response.HasField("refused_count") else None
+        return CaptureListing(captures, count, refused)
 
     def get_capture(self, capture_id: str, out_dir: Path, *,
                     timeout: float = DOWNLOAD_TIMEOUT_S) -> list[str]:

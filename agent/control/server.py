@@ -152,7 +152,14 @@ class _Servicer:
         store = self._require_store(context)
         limit = min(request.limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
         records = store.list()[:limit]
-        return agent_pb2.ListCapturesResponse(captures=[_record_message(r) for r in records])
+        response = agent_pb2.ListCapturesResponse(captures=[_record_message(r) for r in records])
+        if self._service is not None:
+            refusals = self._service.refusals
+            response.refused_count = refusals.total
+            if request.include_refused:
+                refused = [r.to_json() for r in refusals.recent(limit)]
+                response.refused_json = json.dumps(refused, allow_nan=False).encode()
+        return response
 
     def GetCapture(self, request: agent_pb2.GetCaptureRequest,
                    context: grpc.ServicerContext) -> Iterator[agent_pb2.FileChunk]:

@@ -13,7 +13,10 @@ firing alerts); with alerting disabled (no AlertSource) it is ``{"enabled": fals
 not an error, so a dashboard or script polling it needs no special case. The path is Prometheus', the
 shape is not: it is the agent's own schema, shared with the control API's ListAlerts (docs/alerts.md,
 "The alerts endpoint", says why and how to convert it). /api/v1/captures lists the stored captures
-the same way (``{"enabled", "downloads", "captures"}``, newest first).
+the same way (``{"enabled", "downloads", "captures", "refused_count"}``, newest first);
+``?include_refused=1`` adds ``"refused"``: the capture triggers the agent refused lately (the newest
+first, each with its reason and ``allowed_at``, when a trigger like it would next be allowed).
+``refused_count`` counts the refusals since the agent started, those no longer kept included.
 
 ``/`` is the status page (``status_page``), rendered from what the agent already holds.
 
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from gpuscope.alerts.model import AlertSource
+from gpuscope.capture.refusals import RefusalLog, RefusedTrigger
 from gpuscope.capture.store import CaptureIdError, CaptureNotFoundError, CaptureStore, CaptureStoreError
 from gpuscope.exporters.exposition import gzip_accepted, negotiate, restrict_families
 from gpuscope.exporters.families import Collector
@@ -76,6 +80,7 @@ WEBHOOK_PATH = "/api/v1/alertmanager"
 WEBHOOK_MAX_BYTES = 1 << 20
 CAPTURE_DOWNLOAD_PREFIX = CAPTURES_PATH + "/"
 DEFAULT_CAPTURE_LIST = 100  # /api/v1/captures without ?limit=
+_FLAGS = {"0": False, "1": True, "false": False, "true": True}  # the values of a yes/no query parameter
 MAX_CAPTURE_LIST = 1000
 
 
@@ -89,8 +94,9 @@ class AgentApp:
                  include_processes: bool = True, include_users: bool = True,
                  captures: CaptureStore | None = None, history: UtilizationHistory | None = None,
                  simulated: str | None = None, security: Callable[[], WebSecurity] | None = None,
-                 wall_clock: Callable[[], float] = time.time):
-        """``captures``: the capture store (None: captures are off). ``history``: the utilization
+                 wall_clock: Callable[[], float] = time.time, refusals: RefusalLog | None = None):
+        """``captures``: the capture store (None: captures are off). ``refusals``: the capture triggers
+        the capture service refused lately. ``history``: the utilization
         ring a sampler listener feeds, for the status page's sparklines. ``simulated``: the scenario's
         name on a simulated node. ``security``: the web configuration in force (capture downloads
         need one that authenticates every client). ``wall_clock``: Unix time, for the ages the page shows."""
@@ -100,6 +106,7 @@ class AgentApp:
         self._include_processes = include_processes
         self._include_users = include_users
         self._captures = captures
+        self._refusals = refusals
         self._history = history
         self._simulated = simulated
         self._security = security
@@ -200,6 +207,7 @@ class AgentApp:
             snapshot=self._source.latest(), stale=self._source.snapshot_is_stale(),
             alerts=None if self._alerts is None else self._alerts.alerts(),
             captures=None if self._captures is None else self._captures.list(),
+            refusals=() if self._refusals is None else self._refusals.recent(),
             history=self._history.series if self._history is not None else _no_history,
             version=__version__, now=self._wall_clock(), simulated=self._simulated,
             include_processes=self._include_processes, include_users=self._include_users,
@@ -210,8 +218,15 @@ class AgentApp:
         return "200 OK", headers, render_status_page(view)
 
     def _captures_json(self, environ: WSGIEnvironment) -> _Response:
-        """GET /api/v1/captures[?limit=N]: the stored captures' records, newest first."""
-        limit_text = parse_qs(environ.get("QUERY_STRING", "")).get("limit", [str(DEFAULT_CAPTURE_LIST)])[-1]
+        """GET /api/v1/captures[?limit=N][&include_refused=1]: the stored captures' records, newest
+        first; with include_refused, the refused triggers too (at most N of them, newest first)."""
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        limit_text = query.get("limit", [str(DEFAULT_CAPTURE_LIST)])[-1]
+        include_text = query.get("include_refused", ["0"])[-1]
+        if include_text not in _FLAGS:
+            allowed = ", ".join(sorted(_FLAGS))
+            return _json("400 Bad Request", {"error": f"include_refused must be one of {allowed}, "
+                                                      f"not {include_text[:20]!r}"})
         well_formed = limit_text.isascii() and limit_text.isdigit() and len(limit_text) <= 6
         limit = int(limit_text) if well_formed else 0
         if not 1 <= limit <= MAX_CAPTURE_LIST:
@@ -225,9 +240,20 @@ class AgentApp:
                     entry.pop(key, None)
             entry["download"] = CAPTURE_DOWNLOAD_PREFIX + record.id
             listed.append(entry)
-        document = {"enabled": self._captures is not None,
-                    "downloads": self._captures is not None and self._downloads_allowed(), "captures": listed}
+        document: dict[str, Any] = {
+            "enabled": self._captures is not None,
+            "downloads": self._captures is not None and self._downloads_allowed(), "captures": listed,
+            "refused_count": 0 if self._refusals is None else self._refusals.total}
+        if _FLAGS[include_text]:
+            document["refused"] = [self._refusal_json(refused) for refused in
+                                   ([] if self._refusals is None else self._refusals.recent(limit))]
         return "200 OK", [("Content-Type", _JSON)], _finite_json(document)
+
+    def _refusal_json(self, refused: RefusedTrigger) -> dict[str, Any]:
+        entry = refused.to_json()
+        if not self._include_processes:  # processes.export: false: no pid leaves the agent
+            entry.pop("pid", None)
+        return entry
 
     def _capture_download(self, environ: WSGIEnvironment) -> _Response:
         """GET /api/v1/captures/<id>: the capture as ``<id>.tar`` (see the module's docstring)."""

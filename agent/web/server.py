@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpuscope.alerts.model import AlertSource
+from gpuscope.capture.refusals import RefusalLog
 from gpuscope.capture.store import CaptureStore
 from gpuscope.common.addresses import parse_host_port
 from gpuscope.exporters.families import Collector
@@ -216,8 +217,8 @@ class AgentHttpServer:
     ``listeners`` is the thread that waits on the listening socket, shared with the agent's other
     listening sockets; by default one of its own, named gpuscope-http. ``clock`` is the monotonic
     clock that readiness compares snapshot ages with (a parameter so tests need not sleep).
-    ``alerts`` is the rule engine, None when alerting is disabled. ``captures``, ``history`` and
-    ``simulated`` feed the status page and the capture endpoints (see ``app.AgentApp``).
+    ``alerts`` is the rule engine, None when alerting is disabled. ``captures``, ``refusals``,
+    ``history`` and ``simulated`` feed the status page and the capture endpoints (see ``app.AgentApp``).
     """
 
     def __init__(
@@ -238,6 +239,7 @@ class AgentHttpServer:
         include_processes: bool = True,
         include_users: bool = True,
         captures: CaptureStore | None = None,
+        refusals: RefusalLog | None = None,
         history: UtilizationHistory | None = None,
         simulated: str | None = None,
     ) -> None:
@@ -250,7 +252,7 @@ class AgentHttpServer:
         app = AgentApp(registry, source, clock, alerts, webhook, webhook_auth=webhook_auth,
                        expected_gpus=expected_gpus, health=health, rejections=self.rejections,
                        include_processes=include_processes, include_users=include_users,
-                       captures=captures, history=history, simulated=simulated,
+                       captures=captures, refusals=refusals, history=history, simulated=simulated,
                        security=self.web_config.current)
         webhook_on = webhook is not None  # it checks its own credentials
         self._app = AccessControl(app, self.web_config.current, rejections=self.rejections,

@@ -30,14 +30,17 @@ from typing import Any
 from gpuscope.alerts.capture_verdicts import CAPTURE_EARLY_SECONDS
 from gpuscope.alerts.model import Alert
 from gpuscope.capture.alert_context import alert_context
-from gpuscope.capture.model import CaptureRecord
+from gpuscope.capture.model import CaptureRecord, Trigger
+from gpuscope.capture.refusals import RefusedTrigger
 from gpuscope.common.sizes import format_size
 from gpuscope.snapshot import GpuReading, MigReading, PodContainer, ProcessReading, Snapshot
 from gpuscope.web.sparkline import sparkline
+from gpuscope.web.status_style import STATUS_PAGE_CSS
 from gpuscope.web.utilization_history import DEFAULT_POINTS, UtilizationSeries
 
 REFRESH_SECONDS = 5
 RECENT_CAPTURES = 10  # rows of the captures table
+RECENT_REFUSALS = 10  # rows of the refused triggers' table, under it
 CAPTURES_PATH = "/api/v1/captures"
 _MAX_ERROR_CHARS = 160  # a capture's error on the page (the JSON listing has it whole)
 _NONE = '<span class="muted">&mdash;</span>'
@@ -66,6 +69,7 @@ class StatusView:
     include_users: bool = True  # processes.user
     downloads: bool = False  # whether capture downloads are served to this page's reader
     history_points: int = DEFAULT_POINTS
+    refusals: Sequence[RefusedTrigger] = ()  # capture triggers refused lately, newest first
 
 
 def render_status_page(view: StatusView) -> bytes:
@@ -76,7 +80,8 @@ def render_status_page(view: StatusView) -> bytes:
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
         f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">\n',
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n',
-        f"<title>{_e(hostname)} &middot; gpuscope</title>\n<style>{_CSS}</style>\n</head>\n<body>\n",
+        f"<title>{_e(hostname)} &middot; gpuscope</title>\n",
+        f"<style>{STATUS_PAGE_CSS}</style>\n</head>\n<body>\n",
         _header(view),
         _banners(view),
         "<main>\n",
@@ -376,7 +381,8 @@ def _captures_section(view: StatusView) -> str:
                                            "(<code>capture.enabled</code>).</p>")
     listing = f'<a href="{CAPTURES_PATH}">all as JSON</a>'
     if not view.captures:
-        return _section("Recent captures", f'<p class="note muted">No capture is stored. ({listing})</p>')
+        return _section("Recent captures", f'<p class="note muted">No capture is stored. ({listing})</p>'
+                        + _refusals_table(view), "captures")
     rows = []
     for record in view.captures[:RECENT_CAPTURES]:
         capture_id = _e(record.id)
@@ -403,7 +409,39 @@ def _captures_section(view: StatusView) -> str:
     shown = min(len(view.captures), RECENT_CAPTURES)
     title = f"Recent captures (newest {shown} of {len(view.captures)}; {listing})"
     headings = ("ID", "GPU", "Trigger", "Outcome", "Started", "Length", "Size", "Finding")
-    return _section(title, _table(headings, rows) + note, "captures")
+    return _section(title, _table(headings, rows) + note + _refusals_table(view), "captures")
+
+
+def _refusals_table(view: StatusView) -> str:
+    """The capture triggers refused lately: when, the GPU, the trigger, the reason (the agent's message
+    under it) and when a trigger like it is allowed again. Nothing when none was refused."""
+    if not view.refusals:
+        return ""
+    rows = []
+    for refused in view.refusals[:RECENT_REFUSALS]:
+        message = refused.message
+        if len(message) > _MAX_ERROR_CHARS:
+            message = message[:_MAX_ERROR_CHARS] + "…"
+        rows.append(
+            f'<tr class="refusal"><td class="nowrap">{_clock(refused.at)}</td>'
+            f'<td class="num">{_NONE if refused.gpu is None else refused.gpu}</td>'
+            f'<td class="nowrap">{_trigger_text(refused.trigger)}</td>'
+            f'<td><span class="outcome refused">{_e(refused.reason)}</span>'
+            f'<div class="muted small">{_e(message)}</div></td>'
+            f'<td class="nowrap">{_next_allowed(refused, view.now)}</td></tr>')
+    shown = min(len(view.refusals), RECENT_REFUSALS)
+    title = (f'<h3 class="refusals">Refused triggers (newest {shown} of {len(view.refusals)} kept; '
+             f'<a href="{CAPTURES_PATH}?include_refused=1">all as JSON</a>)</h3>\n')
+    return title + _table(("Refused", "GPU", "Trigger", "Reason", "Next allowed"), rows)
+
+
+def _next_allowed(refused: RefusedTrigger, now: float) -> str:
+    """When a trigger like the refused one may capture: "next alert capture allowed in 12 min 5 s"."""
+    wait = refused.allowed_in(now)
+    if wait is None:
+        return _NONE
+    what = "alert capture" if refused.trigger.kind in ("alert", "webhook") else "capture"
+    return f"next {what} allowed now" if wait == 0 else f"next {what} allowed in {_duration(wait)}"
 
 
 def _finding(analysis: dict[str, Any] | None) -> str:
@@ -445,7 +483,10 @@ def _history_span(view: StatusView, snapshot: Snapshot) -> str:
 
 
 def _trigger(record: CaptureRecord) -> str:
-    trigger = record.trigger
+    return _trigger_text(record.trigger)
+
+
+def _trigger_text(trigger: Trigger) -> str:
     detail = trigger.alertname or trigger.user
     return _e(trigger.kind) + (f' <span class="muted">{_e(detail)}</span>' if detail else "")
 
@@ -505,81 +546,3 @@ def _clock(timestamp: float) -> str:
 
 def _e(text: str) -> str:
     return html.escape(text, quote=True)
-
-
-_CSS = """
-*{box-sizing:border-box}
-body{margin:0;background:#f3f4f6;color:#1f2328;
- font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Liberation Sans","DejaVu Sans",Arial,sans-serif}
-header{background:#1f2937;color:#f9fafb;padding:12px 24px;display:flex;flex-wrap:wrap;gap:6px 18px;
- align-items:baseline}
-header h1{font-size:22px;margin:0;font-weight:650}
-header .sub{color:#d1d5db}
-header .right{margin-left:auto}
-.banner{padding:10px 24px;font-weight:600;font-size:15px}
-.banner.sim{background:#fef3c7;color:#713f12;border-bottom:3px solid #f59e0b}
-.banner.bad{background:#fee2e2;color:#7f1d1d;border-bottom:3px solid #dc2626}
-main{padding:4px 24px 16px}
-section{background:#fff;border:1px solid #d1d5db;border-radius:8px;margin:14px 0;overflow-x:auto}
-h2{font-size:15px;margin:0;padding:9px 14px;background:#f9fafb;border-bottom:1px solid #e5e7eb}
-h2 a{font-weight:400;font-size:13px}
-table{border-collapse:collapse;width:100%}
-th,td{text-align:left;padding:6px 12px;border-bottom:1px solid #eef0f3;vertical-align:middle}
-tbody tr:last-child td{border-bottom:0}
-th{font-size:12px;color:#4b5563;font-weight:600;white-space:nowrap}
-td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-tr.alert.firing,tr.alert.firing td{background:#fff5f5}
-.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:700;
- white-space:nowrap;margin:1px 0}
-.badge.firing,.badge.down{background:#dc2626;color:#fff}
-.badge.clearing{background:#f59e0b;color:#fff}
-.severity.critical{background:#7f1d1d;color:#fff;border-radius:3px;padding:0 4px;font-weight:600}
-tr.alert.clearing,tr.alert.clearing td{background:#fffbeb}
-.badge.inhibited{background:#e5e7eb;color:#4b5563}
-tr.alert.inhibited td{color:#6b7280}
-.inhibited-by{font-style:italic}
-.badge.pending{background:#fcd34d;color:#422006}
-.badge.up{background:#16a34a;color:#fff}
-.badge.health.reset_required{background:#f59e0b;color:#422006}
-.badge.health.replace,.badge.health.lost{background:#7f1d1d;color:#fff}
-tr.mig td{background:#fafbfc;border-bottom-color:#f3f4f6}
-tr.mig .mig-name{padding-left:10px;font-weight:600}
-tr.mig .pods{padding-left:24px;color:#374151}
-.outcome{font-weight:600}
-.outcome.captured{color:#15803d}
-.outcome.failed,.outcome.unreachable,.outcome.exited{color:#b91c1c}
-.nowrap{white-space:nowrap}
-.banner code{font-size:inherit}
-.muted{color:#6b7280}
-.small{font-size:12px}
-.ok{color:#15803d}
-p.note{padding:10px 14px;margin:0}
-code,.mono{font-family:ui-monospace,"SFMono-Regular","DejaVu Sans Mono","Liberation Mono",Menlo,Consolas,
- monospace;font-size:12px}
-.pname{font-weight:600;overflow-wrap:anywhere}
-.util{display:flex;align-items:center;gap:10px}
-.util .num{min-width:3.2em;text-align:right;font-variant-numeric:tabular-nums}
-svg.spark{display:block}
-svg.spark rect{fill:#eff6ff;stroke:#dbeafe}
-svg.spark polyline{fill:none;stroke:#2563eb;stroke-width:1.5;stroke-linejoin:round}
-svg.spark circle{fill:#2563eb}
-svg.spark polygon{fill:#2563eb}
-a{color:#1d4ed8}
-footer{padding:4px 24px 24px;color:#6b7280;font-size:13px}
-#alerts td:last-child{min-width:14em}
-@media (max-width:800px){
- header,.banner{padding-left:12px;padding-right:12px}
- header .right{margin-left:0}
- main{padding:2px 8px 12px}
- footer{padding:4px 12px 16px}
- th,td{padding:5px 7px}
- #alerts table,#alerts tbody{display:block}
- #alerts thead{display:none}
- #alerts tr.alert{display:flex;flex-wrap:wrap;align-items:baseline;gap:2px 12px;padding:7px 10px;
-  border-bottom:1px solid #eef0f3}
- #alerts tr.alert td{padding:0;border:0}
- #alerts tr.alert td:nth-child(3)::before{content:"GPU "}
- #alerts tr.alert td:nth-child(5)::before{content:"for "}
- #alerts tr.alert td:last-child{flex-basis:100%;min-width:0;overflow-wrap:anywhere}
-}
-"""

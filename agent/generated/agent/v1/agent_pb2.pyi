@@ -73,16 +73,22 @@ class CaptureRecord(_message.Message):
     def __init__(self, id: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., record_json: _Optional[str] = ...) -> None: ...
 
 class ListCapturesRequest(_message.Message):
-    __slots__ = ("limit",)
+    __slots__ = ("limit", "include_refused")
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_REFUSED_FIELD_NUMBER: _ClassVar[int]
     limit: int
-    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+    include_refused: bool
+    def __init__(self, limit: _Optional[int] = ..., include_refused: _Optional[bool] = ...) -> None: ...
 
 class ListCapturesResponse(_message.Message):
-    __slots__ = ("captures",)
+    __slots__ = ("captures", "refused_count", "refused_json")
     CAPTURES_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_JSON_FIELD_NUMBER: _ClassVar[int]
     captures: _containers.RepeatedCompositeFieldContainer[CaptureRecord]
-    def __init__(self, captures: _Optional[_Iterable[_Union[CaptureRecord, _Mapping]]] = ...) -> None: ...
+    refused_count: int
+    refused_json: bytes
+    def __init__(self, captures: _Optional[_Iterable[_Union[CaptureRecord, _Mapping]]] = ..., refused_count: _Optional[int] = ..., refused_json: _Optional[bytes] = ...) -> None: ...
 
 class GetCaptureRequest(_message.Message):
     __slots__ = ("id",)

@@ -92,7 +92,7 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListCaptures(self, request, context):
-        """The stored captures, newest first.
+        """The stored captures, newest first; on request, the capture triggers the agent refused lately.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
