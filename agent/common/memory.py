@@ -15,7 +15,8 @@ that otherwise let a series of captures ratchet RSS up, a few MiB per capture, n
   capture, the buffers that receive and write a trace (MiB each, on gRPC's and the capture's
   threads) are carved from the arenas, where fragments of them stay. A fixed threshold keeps every
   block of 256 KiB or more in a mapping of its own, unmapped when freed. The agent's steady-state
-  allocations are far smaller (a scrape's body is tens of KiB), so this costs no system calls then.
+  allocations are smaller (a scrape's body is tens of KiB; on a node with hundreds of processes a
+  few hundred KiB: one mapping per scrape, some microseconds).
 * the number of arenas. glibc gives each thread that contends for the heap an arena of its own, up
   to eight per core, each keeping its own free memory; the threads that a capture starts (gRPC's,
   the capture's) each left one behind. The GIL serialises nearly all of the agent's allocations, so
