@@ -19,6 +19,18 @@ KINETO_USE_DAEMON=1 does and, given a trace config, writes a Chrome trace JSON o
 chosen size, into trace_<pid>.json.tmp, then renames it. Sizes: just under capture.kineto.max_trace_bytes,
 and over it (refused before it is read). The agent streams the file into the store, compressed, one
 chunk at a time: the peak should not grow with the trace.
+
+--series N (default 6; 0: none): then N captures of one trace of --series-size (default 16MiB), with
+RSS before the series, after its first capture and after its last (each 2 s after the capture): what
+captures leave behind. The first capture of an agent loads what captures need (the control API's
+gRPC server, which the `gpuscope capture` client starts; gRPC's profiler client for a gRPC target);
+later ones should add nothing. To see that level, measure an agent that has not loaded gRPC before:
+the simulated node starts a stand-in kubelet that does, so name a real NVML library instead with
+--nvml-lib DIR (put first in LD_LIBRARY_PATH; the rest of the environment, such as NVIDIA's mock
+libnvidia-ml's MOCK_NVML_CONFIG, passes to the agent) and the series runs before the sized captures:
+
+    LD_LIBRARY_PATH= MOCK_NVML_CONFIG=/path/to/mock-nvml-config-h100.yaml \
+        python bench/capture_memory.py --nvml-lib /path/to/mocknvml/lib --series 6
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -186,15 +199,29 @@ def _outcome(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
         return {"outcome": "error", "error": (done.stderr or done.stdout).strip()[-300:]}
 
 
-def run(cap: int, sizes: list[int], *, kineto: bool = False) -> list[dict[str, Any]]:
+def run_series(agent: psutil.Process, count: int, one: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``count`` captures by ``one``: RSS before the first, after the first and after the last."""
+    before = agent.memory_info().rss
+    runs = [one() for _ in range(count)]
+    return {"captures": count, "trace_bytes": runs[0]["trace_bytes"], "rss_before": before,
+            "rss_after_first": runs[0]["rss_after"], "rss_after_last": runs[-1]["rss_after"],
+            "rss_peak": max(r["rss_peak"] for r in runs),
+            "outcomes": sorted({str(r["outcome"]) for r in runs})}
+
+
+def run(cap: int, sizes: list[int], *, kineto: bool = False, series: int = 0, series_size: int = 0,
+        nvml_lib: str | None = None) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     with tempfile.TemporaryDirectory(prefix="gpuscope-bench-") as tmp:
         folder = Path(tmp)
         control = folder / "control.sock"
         config = folder / "gpuscope.yml"
         kineto_ipc = folder / "kineto-ipc"
         capture: dict[str, Any] = {
-            "store": {"root": str(folder / "captures"), "quota_bytes": 4 * max(sizes) + 64 * MIB,
-                      "min_free_bytes": 0}}
+            "store": {"root": str(folder / "captures"),
+                      "quota_bytes": 4 * max([*sizes, series_size]) + series * series_size + 64 * MIB,
+                      "min_free_bytes": 0},
+            # The series takes its captures back to back: no cooldown, a budget that allows them.
+            "cooldown": "0s", "hourly_budget": max(6, series + len(sizes) + 1)}
         if kineto:
             capture["kineto"] = {"max_trace_bytes": cap, "trace_dir": str(folder / "kineto-traces"),
                                  "socket_dir": str(kineto_ipc)}
@@ -204,10 +231,15 @@ def run(cap: int, sizes: list[int], *, kineto: bool = False) -> list[dict[str, A
             capture["max_trace_bytes"] = cap
         # JSON is YAML
         config.write_text(json.dumps({"capture": capture, "control": {"socket": str(control)}}))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        node = ["--simulate", "demo"]
+        if nvml_lib:
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                p for p in (str(Path(nvml_lib).resolve()), os.environ.get("LD_LIBRARY_PATH", "")) if p)
+            node = []
         agent = subprocess.Popen(
-            [sys.executable, "-m", "gpuscope", "run", "--simulate", "demo", "--config", str(config),
-             "--log-level", "warning", "--web.listen-address", f"127.0.0.1:{free_port()}"],
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            [sys.executable, "-m", "gpuscope", "run", *node, "--config", str(config),
+             "--log-level", "warning", "--web.listen-address", f"127.0.0.1:{free_port()}"], env=env)
         try:
             deadline = time.monotonic() + 30
             while not control.exists():
@@ -216,10 +248,15 @@ def run(cap: int, sizes: list[int], *, kineto: bool = False) -> list[dict[str, A
                 time.sleep(0.1)
             time.sleep(3.0)  # warm-up
             proc = psutil.Process(agent.pid)
-            if kineto:
-                daemon = str(kineto_ipc / "dynolog")
-                return [capture_kineto_once(proc, control, daemon, size) for size in sizes]
-            return [capture_once(proc, control, size) for size in sizes]
+            daemon = str(kineto_ipc / "dynolog")
+
+            def once(size: int) -> dict[str, Any]:
+                if kineto:
+                    return capture_kineto_once(proc, control, daemon, size)
+                return capture_once(proc, control, size)
+
+            summary = run_series(proc, series, lambda: once(series_size)) if series else None
+            return summary, [once(size) for size in sizes]
         finally:
             agent.terminate()
             agent.wait(10)
@@ -234,15 +271,31 @@ def main() -> None:
                                       "capture.kineto.max_trace_bytes with --kineto (default 1GiB)")
     parser.add_argument("--over", help="a trace size over the cap (default: 300MiB; with --kineto, the cap "
                                        "and 64MiB)")
+    parser.add_argument("--series", type=int, default=6,
+                        help="captures in a row, RSS before, after the first and after the last (default 6; "
+                             "0: none)")
+    parser.add_argument("--series-size", default="16MiB", help="the trace size of the series (default 16MiB)")
+    parser.add_argument("--nvml-lib", metavar="DIR", help="run the agent on the NVML library in DIR, not on "
+                                                          "the simulated node")
+    parser.add_argument("--only-series", action="store_true", help="the series only, no sized captures")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     default_cap = DEFAULT_KINETO_MAX_TRACE_BYTES if args.kineto else DEFAULT_MAX_TRACE_BYTES
     cap = parse_size(args.cap) if args.cap else default_cap
     over = parse_size(args.over) if args.over else (cap + 64 * MIB if args.kineto else 300 * MIB)
-    results = run(cap, [cap - 2 * MIB, over], kineto=args.kineto)
+    sizes = [] if args.only_series else [cap - 2 * MIB, over]
+    series, results = run(cap, sizes, kineto=args.kineto, series=args.series,
+                          series_size=parse_size(args.series_size), nvml_lib=args.nvml_lib)
     setting = "capture.kineto.max_trace_bytes" if args.kineto else "capture.max_trace_bytes"
     if args.json:
-        print(json.dumps({"setting": setting, "cap": cap, "runs": results}, indent=2))
+        print(json.dumps({"setting": setting, "cap": cap, "series": series, "runs": results}, indent=2))
+        return
+    if series is not None:
+        mib = {key: f"{series[key] / MIB:.1f} MiB" for key in series if key.startswith("rss_")}
+        print(f"{series['captures']} captures of {format_size(series['trace_bytes'])} "
+              f"({', '.join(series['outcomes'])}): RSS before {mib['rss_before']}, after the first "
+              f"{mib['rss_after_first']}, after the last {mib['rss_after_last']} (peak {mib['rss_peak']})")
+    if not results:
         return
     print(f"{setting} {format_size(cap)}")
     print(f"{'trace':>10} {'outcome':>9} {'RSS before':>11} {'peak':>9} {'after':>9} {'time':>6} "

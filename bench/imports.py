@@ -7,7 +7,9 @@ order the agent loads them, and reports its RSS (VmRSS, median of ``--runs``); t
 the row above is what that row adds. "The standard library the agent uses" is found, not listed:
 the standard-library modules that ``gpuscope run``'s imports load. The last rows are loaded only
 when used (gRPC when a capture, the kubelet or the control API needs it; prometheus_client when a
-scrape asks for what only its encoders write; the trace analysis in its own child process).
+scrape asks for what only its encoders write; the trace analysis in its own child process). Every
+row but the first imports hashlib as the command line does, without OpenSSL's libcrypto
+(``gpuscope.common.builtin_hashes``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ STEPS: list[tuple[str, list[str]]] = [
      "scheme the agent's encoders leave to it)", ["prometheus_client"]),
     ("the trace analysis (only in its child process)", ["gpuscope.analysis.diagnose"]),
 ]
+_BUILTIN_HASHES = ("from gpuscope.common.builtin_hashes import prefer_builtin_hashes\n"
+                   "prefer_builtin_hashes()\n")
 _RSS = "import re; print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
 
 
@@ -54,7 +58,9 @@ def stdlib_modules() -> list[str]:
 
 
 def rss_kib(modules: list[str], runs: int) -> float:
-    script = "".join(f"import {m}\n" for m in modules) + _RSS
+    # As `gpuscope` does before its own imports: hashlib without OpenSSL (gpuscope.common.builtin_hashes).
+    prelude = _BUILTIN_HASHES if modules else ""
+    script = prelude + "".join(f"import {m}\n" for m in modules) + _RSS
     return statistics.median(
         int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout)
         for _ in range(runs))

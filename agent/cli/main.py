@@ -156,8 +156,10 @@ def _command(argv: Sequence[str] | None) -> int:
 
 def _run(settings: Settings) -> int:
     from gpuscope.agent import Agent
+    from gpuscope.common.memory import tune_allocator
     from gpuscope.web.server import ListenError
 
+    tune_allocator()  # before the agent's threads: captures must not ratchet its RSS up
     try:
         Agent(settings).run_until_signalled()
     except ListenError as err:  # it names the address and the reason
