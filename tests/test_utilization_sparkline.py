@@ -52,10 +52,14 @@ def test_a_gpu_idle_for_a_fraction_of_each_second_shows_its_dips() -> None:
     series = history.series(0, gpu.uuid)
     assert series.values[-1] == 0.8  # what the per-tick reading says: busy
     svg = sparkline(series, history.points)
-    assert "<polyline" not in svg
+    assert "<polygon" in svg and '<polyline class="mean"' in svg  # the samples' band, and their mean
     values = drawn_values(svg)
     assert min(values) < 0.05  # the dips to idle reach the bottom
     assert max(values) > 0.9
+    # The mean line stays near the GPU's level (the dips take a sixth of each second), not at an edge.
+    (mean_points,) = re.findall(r'<polyline class="mean" points="([^"]+)"', svg)
+    means = [(SPARK_HEIGHT - 1 - float(p.split(",")[1])) / (SPARK_HEIGHT - 2) for p in mean_points.split()]
+    assert all(0.5 < mean < 0.95 for mean in means), means
     # The newest sample at the right edge; a minute of samples across the width.
     xs = [int(point.split(",")[0]) for point in re.findall(r'<polygon points="([^"]+)"', svg)[0].split()]
     assert max(xs) == 120 and min(xs) <= 2
@@ -102,7 +106,8 @@ def test_a_gpu_whose_samples_stop_falls_back_to_its_per_tick_values() -> None:
         history.observe(replace(snapshot, gpus=(replace(gpu, utilization_samples=()),),
                                 monotonic=snapshot.monotonic + tick))
     assert history.series(0, gpu.uuid).samples == ()
-    assert "<polyline" in sparkline(history.series(0, gpu.uuid), history.points)
+    fallback = sparkline(history.series(0, gpu.uuid), history.points)
+    assert "<polyline" in fallback and "<polygon" not in fallback and 'class="mean"' not in fallback
 
 
 def test_a_replaced_gpu_starts_without_the_old_ones_samples() -> None:

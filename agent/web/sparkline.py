@@ -1,13 +1,14 @@
 """The status page's utilization sparklines: small inline SVGs, newest at the right edge.
 
-A GPU with driver samples gets an envelope: the sparkline's width is cut into one-pixel columns of
-time, each filled from the lowest to the highest sample that falls in it (a pixel at least), so a
-dip to idle shorter than a column still reaches the bottom while a steady GPU is a thin line. The
-shape is one polygon per stretch of samples (a gap where the driver kept none, e.g. while the GPU
-was down), on whole pixels, the points in line with their neighbours left out: a few hundred bytes
-for a steady GPU, at most a few kilobytes for one that swings every column, as the page holds one
-per GPU and reloads every few seconds. Where a GPU has no samples, and for a MIG device, a
-polyline through its per-tick values.
+A GPU with driver samples gets an envelope: the sparkline's width is cut into two-pixel columns of
+time, each filled (lightly) from the lowest to the highest sample that falls in it (a pixel at
+least), so a dip to idle shorter than a column still reaches the bottom while a steady GPU is a
+thin line; a darker line joins the columns' mean values, so a GPU that swings between idle and busy
+shows both its range and its level. The band is one polygon per stretch of samples (a gap where the
+driver kept none, e.g. while the GPU was down), on whole pixels, the points in line with their
+neighbours left out: a few hundred bytes for a steady GPU, a few kilobytes for one that swings
+every column, as the page holds one per GPU and reloads every few seconds. Where a GPU has no
+samples, and for a MIG device, a polyline through its per-tick values.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ import math
 from gpuscope.web.utilization_history import UtilizationSeries
 
 SPARK_WIDTH, SPARK_HEIGHT = 120, 28
+# The envelope's columns: two pixels each, so that a 60-tick sparkline at the default 1 s interval has
+# a column per second. A job that idles part of every step then fills each column from idle to busy
+# rather than alternate between an idle column and a busy one, which reads as two dotted lines.
+COLUMN_PX = 2
+COLUMNS = SPARK_WIDTH // COLUMN_PX
 # Samples further apart than this are a gap (the driver kept none), not a stretch to join up.
 GAP_SECONDS = 1.5
 
@@ -55,34 +61,58 @@ def _per_tick(values: tuple[float | None, ...], slots: int) -> str:
 
 def _envelope(samples: tuple[tuple[float, float], ...], window: float) -> str:
     """``samples``: (seconds before the newest, value), oldest first, none older than ``window``."""
-    ranges: list[tuple[float, float] | None] = [None] * SPARK_WIDTH  # per column: (lowest, highest)
+    # Per column: [lowest, highest, sum, count] of the samples that fall in it.
+    stats: list[list[float] | None] = [None] * COLUMNS
 
-    def extend(column: int, value: float) -> None:
-        known = ranges[column]
-        ranges[column] = (value, value) if known is None else (min(known[0], value), max(known[1], value))
+    def extend(column: int, value: float, *, counted: bool = True) -> None:
+        known = stats[column]
+        if known is None:
+            stats[column] = [value, value, value if counted else 0.0, 1.0 if counted else 0.0]
+            return
+        known[0], known[1] = min(known[0], value), max(known[1], value)
+        if counted:
+            known[2] += value
+            known[3] += 1.0
 
     previous: tuple[int, float, float] | None = None  # (column, age, value) of the sample before
     for age, value in samples:
         if not math.isfinite(value) or not math.isfinite(age):
             continue
-        column = min(SPARK_WIDTH - 1, max(0, SPARK_WIDTH - 1 - math.floor(age / window * SPARK_WIDTH)))
+        column = min(COLUMNS - 1, max(0, COLUMNS - 1 - math.floor(age / window * COLUMNS)))
         extend(column, value)
         # Columns narrower than the driver's sample period fall between two samples: they get the
         # stretch from one to the other, as a line joining them would.
         if previous is not None and previous[1] - age <= GAP_SECONDS:
             for between in range(previous[0] + 1, column):
-                extend(between, previous[2])
-                extend(between, value)
+                extend(between, previous[2], counted=False)
+                extend(between, value, counted=False)
         previous = (column, age, value)
-    polygons = []
-    run: list[tuple[float, float]] = []  # (top y, bottom y) of the columns of the current stretch
-    for column, known in enumerate([*ranges, None]):
+    shapes = []
+    run: list[tuple[int, list[float]]] = []  # the columns of the current stretch, with their stats
+    for column, known in enumerate([*stats, None]):
         if known is not None:
-            run.append((_y(known[1]), _y(known[0])))
+            run.append((column, known))
         elif run:
-            polygons.append(_band(column - len(run), run))
+            shapes.append(_band(run[0][0], [(_y(k[1]), _y(k[0])) for _, k in run]))
+            shapes.append(_mean_line(run))
             run = []
-    return "".join(polygons)
+    return "".join(shapes)
+
+
+def _mean_line(run: list[tuple[int, list[float]]]) -> str:
+    """The mean of each column's samples, through the columns' centres (a column between two samples
+    takes the mean of its range)."""
+    points: list[tuple[float, float]] = []
+    for column, (lowest, highest, total, count) in run:
+        mean = total / count if count else (lowest + highest) / 2
+        point = (column * COLUMN_PX + COLUMN_PX / 2, round(_y(mean), 1))
+        # A point level with the two before it adds nothing to the line: the middle one goes.
+        if len(points) >= 2 and points[-2][1] == points[-1][1] == point[1]:
+            points.pop()
+        points.append(point)
+    if len(points) == 1:
+        return f'<circle class="mean" cx="{points[0][0]:g}" cy="{points[0][1]:g}" r="1.2"/>'
+    return f'<polyline class="mean" points="{" ".join(f"{x:g},{y:g}" for x, y in points)}"/>'
 
 
 def _band(start: int, columns: list[tuple[float, float]]) -> str:
@@ -90,11 +120,11 @@ def _band(start: int, columns: list[tuple[float, float]]) -> str:
     top = []
     bottom = []
     for offset, (upper, lower) in enumerate(columns):
-        x = start + offset
+        x = (start + offset) * COLUMN_PX
         high = round(upper)
         low = max(round(lower), high + 1)  # at least a pixel tall: a steady GPU is a line, not nothing
-        top += [(x, high), (x + 1, high)]
-        bottom += [(x, low), (x + 1, low)]
+        top += [(x, high), (x + COLUMN_PX, high)]
+        bottom += [(x, low), (x + COLUMN_PX, low)]
     points = _simplified(top + bottom[::-1])
     return f'<polygon points="{" ".join(f"{x},{y}" for x, y in points)}"/>'
 

@@ -63,7 +63,7 @@ svg.spark{display:block}
 svg.spark rect{fill:#eff6ff;stroke:#dbeafe}
 svg.spark polyline{fill:none;stroke:#2563eb;stroke-width:1.5;stroke-linejoin:round}
 svg.spark circle{fill:#2563eb}
-svg.spark polygon{fill:#2563eb}
+svg.spark polygon{fill:#93c5fd}
 a{color:#1d4ed8}
 footer{padding:4px 24px 24px;color:#6b7280;font-size:13px}
 #alerts td:last-child{min-width:14em}
