@@ -42,7 +42,7 @@ from typing import Literal
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.ledger import AdmissionLedger, Admissions
 from gpuscope.capture.model import Trigger
-from gpuscope.common.durations import format_duration
+from gpuscope.common.durations import format_duration, format_wait
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class CapturePolicy:
                 f"captures share: {left} left")
         if left == 0:
             text += (f"; alert captures are refused for the next "
-                     f"{_ago(self._started[0] + BUDGET_WINDOW_SECONDS - self._clock())}")
+                     f"{format_wait(self._started[0] + BUDGET_WINDOW_SECONDS - self._clock())}")
         return text + ("; alert triggers are refused while it runs; the alert cooldown is not affected")
 
     def release(self, decision: Decision, *, refund: bool = False) -> None:
@@ -203,15 +203,16 @@ class CapturePolicy:
             if last is not None and now - last < config.cooldown:
                 cooldown = format_duration(config.cooldown)
                 return _refuse("cooldown", f"GPU {gpu} is cooling down: last alert capture "
-                                           f"{_ago(now - last)} ago, cooldown {cooldown} (capture.cooldown); "
-                                           f"next possible in {_ago(last + config.cooldown - now)}",
+                                           f"{format_wait(now - last)} ago, cooldown {cooldown} "
+                                           "(capture.cooldown); "
+                                           f"next possible in {format_wait(last + config.cooldown - now)}",
                                allowed_in_s=last + config.cooldown - now)
         self._expire(now)
         if len(self._started) >= config.hourly_budget:
             free_at = self._started[0] + BUDGET_WINDOW_SECONDS
             return _refuse("budget", f"hourly budget used: {len(self._started)} captures in the last hour "
                                      f"(capture.hourly_budget: {config.hourly_budget}); next possible in "
-                                     f"{_ago(free_at - now)}", allowed_in_s=free_at - now)
+                                     f"{format_wait(free_at - now)}", allowed_in_s=free_at - now)
         return Decision(True, "", None, length)
 
     def _expire(self, now: float) -> None:
@@ -248,12 +249,3 @@ def _refuse(code: RefusalCode, reason: str, *, allowed_in_s: float | None = None
 def _automatic(trigger: Trigger) -> bool:
     """An alert's trigger (the agent's rules, Alertmanager's webhook), as opposed to a person's request."""
     return trigger.kind in ("alert", "webhook")
-
-
-def _ago(seconds: float) -> str:
-    """A rounded-up duration for messages: 0.2 -> '1s', 61 -> '1m1s', 900 -> '15m'."""
-    whole = max(1, math.ceil(seconds - 1e-9))
-    minutes, secs = divmod(whole, 60)
-    if not minutes:
-        return f"{secs}s"
-    return f"{minutes}m{secs}s" if secs else f"{minutes}m"

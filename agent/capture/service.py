@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import cast
 
 from gpuscope.alerts.model import Transition
 from gpuscope.capture.alert_context import alert_trigger
@@ -51,9 +52,9 @@ log = logging.getLogger(__name__)
 
 _QUEUE_LIMIT = 64  # triggers waiting; more than this while a capture runs means a storm: drop
 _MAX_PARALLEL_TARGETS = 16  # processes of one capture profiled at the same time
-_KEPT_POLICY_REFUSALS: dict[str, RefusalReason] = {  # the policy's reasons kept in the refusal log
-    "disabled": "disabled", "duration": "duration", "busy": "busy", "cooldown": "cooldown",
-    "budget": "budget"}
+# The policy's refusal codes that are refusals of a capture, kept in the refusal log (not "rule": an
+# alert whose rule takes no captures).
+_KEPT_POLICY_REFUSALS = frozenset({"disabled", "duration", "busy", "cooldown", "budget"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +199,7 @@ class CaptureService:
             log.info("capture refused (%s, %s): %s", request.trigger.kind, _subject(request, gpu),
                      decision.reason)
             # An alert whose rule takes no captures was never a capture: counted, not kept.
-            kept = None if decision.code is None else _KEPT_POLICY_REFUSALS.get(decision.code)
+            kept = cast(RefusalReason, decision.code) if decision.code in _KEPT_POLICY_REFUSALS else None
             return self._refused(request, decision.reason, gpu=gpu, reason=kept,
                                  allowed_in_s=decision.allowed_in_s)
         if request.on_mig and request.pid is None and request.target is None:

@@ -68,11 +68,12 @@ def parse_webhook(body: bytes, *, hosts: Collection[str], port: int | None) -> l
             raise WebhookError(f"alerts[{i}].status must be 'firing' or 'resolved', got {status!r}")
         if status != "firing" or not _is_this_node(labels.get("instance", ""), hosts, port):
             continue
-        gpu = _gpu_index(labels.get("gpu"), f"alerts[{i}].labels.gpu")
+        gpu = _small_id(labels.get("gpu"), f"alerts[{i}].labels.gpu", "GPU index")
         uuid = labels.get("uuid") or None
         if gpu is None and uuid is None:
             continue  # about this node but no GPU: nothing to capture
-        instance = _gpu_instance(labels.get("gpu_instance"), f"alerts[{i}].labels.gpu_instance")
+        instance = _small_id(labels.get("gpu_instance"), f"alerts[{i}].labels.gpu_instance",
+                             "MIG GPU instance id")
         mig_uuid = labels.get("mig_uuid") or None
         triggers.append(WebhookTrigger(labels.get("alertname", "unnamed"), gpu, uuid, mig_uuid,
                                        instance if mig_uuid is None else None))
@@ -86,21 +87,13 @@ def _labels(value: Any, where: str) -> dict[str, str]:
     return value
 
 
-def _gpu_index(value: str | None, where: str) -> int | None:
+def _small_id(value: str | None, where: str, what: str) -> int | None:
+    """A GPU index or a MIG GPU instance id (NVML's are small: up to 14 on an H100); None when absent."""
     if value is None or value == "":
         return None
     # isascii too: isdigit() is also true of '²' or '٣', which int() refuses or reads as another digit.
     if not (value.isascii() and value.isdigit()) or len(value) > 4:
-        raise WebhookError(f"{where} must be a GPU index, got {value!r}")
-    return int(value)
-
-
-def _gpu_instance(value: str | None, where: str) -> int | None:
-    """A MIG GPU instance id (NVML's are small: up to 14 on an H100)."""
-    if value is None or value == "":
-        return None
-    if not (value.isascii() and value.isdigit()) or len(value) > 4:
-        raise WebhookError(f"{where} must be a MIG GPU instance id, got {value!r}")
+        raise WebhookError(f"{where} must be a {what}, got {value!r}")
     return int(value)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from gpuscope.capture.config import MAX_DURATION_SECONDS
 from gpuscope.capture.records import CaptureIdError, check_capture_id
 from gpuscope.cli.progress import progress_line
 from gpuscope.cli.trace_viewers import viewer_hints
-from gpuscope.common.durations import format_duration, parse_duration
+from gpuscope.common.durations import format_duration, format_wait, parse_duration
 from gpuscope.common.lazy_import import lazy_module
 from gpuscope.common.sizes import format_size
 from gpuscope.control.config import DEFAULT_SOCKET
@@ -368,16 +367,11 @@ def _print_refused(refused: list[dict[str, Any]], count: int | None) -> None:
 
 
 def _allowed_in(allowed_at: Any, now: float) -> str:
-    """When a refused trigger's kind is allowed again: "in 14m 10s", "now", "-" (unknown)."""
+    """When a refused trigger's kind is allowed again: "in 14m10s", "now", "-" (unknown)."""
     if isinstance(allowed_at, bool) or not isinstance(allowed_at, (int, float)):
         return "-"
     wait = allowed_at - now
-    if wait <= 0:
-        return "now"
-    minutes, seconds = divmod(math.ceil(wait), 60)
-    hours, minutes = divmod(minutes, 60)
-    parts = [f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (seconds, "s")) if n]
-    return "in " + " ".join(parts)
+    return "now" if wait <= 0 else f"in {format_wait(wait)}"
 
 
 def _print_table(rows: Sequence[Sequence[str]]) -> None:

@@ -42,3 +42,13 @@ def format_duration(seconds: float) -> str:
     if seconds >= 60 and seconds % 60 == 0:
         return f"{seconds / 60:g}m"
     return f"{seconds:g}s"
+
+
+def format_wait(seconds: float) -> str:
+    """A duration rounded up to whole seconds, for how long something lasts or must be waited for:
+    0.2 -> '1s', 61 -> '1m1s', 900 -> '15m'."""
+    whole = max(1, math.ceil(seconds - 1e-9))
+    minutes, secs = divmod(whole, 60)
+    if not minutes:
+        return f"{secs}s"
+    return f"{minutes}m{secs}s" if secs else f"{minutes}m"
