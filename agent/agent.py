@@ -22,6 +22,7 @@ from gpuscope.common.config_types import ConfigError
 from gpuscope.common.memory import release_free_memory
 from gpuscope.config import Settings
 from gpuscope.control.errors import ControlError, ControlServerError
+from gpuscope.control.methods import ControlMethods, agent_methods
 from gpuscope.control.on_demand import OnDemandControlServer
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
@@ -85,10 +86,8 @@ class Agent:
                                            for name in unset})
         return settings.capture.model_copy(update={"kineto": kineto})
 
-    def _control_server(self) -> ControlServer:
-        from gpuscope.control import server  # gRPC: loaded with the control API's first client
-
-        return server.ControlServer(
+    def _control_methods(self) -> ControlMethods:
+        return agent_methods(
             self.settings.control,
             service=self.captures.service if self.captures is not None else None,
             store=self.captures.store if self.captures is not None else None,
@@ -150,11 +149,15 @@ class Agent:
                                                hosts=this_node_hosts(settings.node_name), port=None)
         self.control: ControlServer | OnDemandControlServer | None = None
         if settings.control.enabled:
-            # gRPC is loaded when the control API gets its first client, unless remote clients
-            # (control.tcp) expect it listening from the start.
-            self.control = (self._control_server() if settings.control.tcp.enabled
-                            else OnDemandControlServer(settings.control, self._control_server,
-                                                       listeners=self.listeners))
+            # gRPC runs in a server process while clients call, unless remote clients (control.tcp)
+            # expect it listening from the start: then in this process.
+            if settings.control.tcp.enabled:
+                from gpuscope.control.server import ControlServer
+
+                self.control = ControlServer(settings.control, self._control_methods())
+            else:
+                self.control = OnDemandControlServer(settings.control, self._control_methods(),
+                                                     listeners=self.listeners)
         self.utilization_history = UtilizationHistory()  # the status page's sparklines
         self.sampler.add_listener(self.utilization_history.observe)
         self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler,

@@ -22,10 +22,12 @@ chunk at a time: the peak should not grow with the trace.
 
 --series N (default 6; 0: none): then N captures of one trace of --series-size (default 16MiB), with
 RSS before the series, after its first capture and after its last (each 2 s after the capture): what
-captures leave behind. The first capture of an agent loads what captures need (the control API's
-gRPC server, which the `gpuscope capture` client starts; gRPC's profiler client for a gRPC target);
-later ones should add nothing. To see that level, measure an agent that has not loaded gRPC before:
-the simulated node starts a stand-in kubelet that does, so name a real NVML library instead with
+captures leave behind. gRPC stays out of the agent: the control API's gRPC server runs in a server
+process while clients call, and a gRPC target's trace is received by a profiler client process, so
+neither the first capture nor later ones should add more than a few MiB. The child processes' RSS
+at their peak is reported beside the agent's. To see that level, measure an agent that has not loaded
+gRPC before: the simulated node starts a stand-in kubelet that does, so name a real NVML library
+instead with
 --nvml-lib DIR (put first in LD_LIBRARY_PATH; the rest of the environment, such as NVIDIA's mock
 libnvidia-ml's MOCK_NVML_CONFIG, passes to the agent) and the series runs before the sized captures:
 
@@ -36,6 +38,7 @@ libnvidia-ml's MOCK_NVML_CONFIG, passes to the agent) and the series runs before
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -117,17 +120,24 @@ def free_port() -> int:
 
 
 class RssSampler:
-    """The peak RSS of ``pid`` while running, sampled every 5 ms."""
+    """The peak RSS of ``pid`` while running, sampled every 5 ms, and (every 4th sample) the peak of
+    its child processes' RSS together: the control API's server process, the profiler client of a
+    gRPC capture, a capture's analysis."""
 
     def __init__(self, pid: int) -> None:
         self._proc = psutil.Process(pid)
         self.peak = 0
+        self.children_peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        samples = 0
         while not self._stop.is_set():
             self.peak = max(self.peak, self._proc.memory_info().rss)
+            if samples % 4 == 0:
+                self.children_peak = max(self.children_peak, _children_rss(self._proc))
+            samples += 1
             time.sleep(0.005)
 
     def __enter__(self) -> RssSampler:
@@ -137,6 +147,14 @@ class RssSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def _children_rss(proc: psutil.Process) -> int:
+    total = 0
+    for child in proc.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # ended meanwhile
+            total += child.memory_info().rss
+    return total
 
 
 def serve_trace(size: int) -> tuple[subprocess.Popen[str], int]:
@@ -161,7 +179,7 @@ def measured_capture(agent: psutil.Process, socket_path: Path, size: int, select
     time.sleep(2.0)
     after = agent.memory_info().rss
     return {"trace_bytes": size, "rss_before": before, "rss_peak": sampler.peak, "rss_after": after,
-            **_outcome(done), "seconds": round(elapsed, 2)}
+            "children_rss_peak": sampler.children_peak, **_outcome(done), "seconds": round(elapsed, 2)}
 
 
 def capture_once(agent: psutil.Process, socket_path: Path, size: int) -> dict[str, Any]:
@@ -206,6 +224,7 @@ def run_series(agent: psutil.Process, count: int, one: Callable[[], dict[str, An
     return {"captures": count, "trace_bytes": runs[0]["trace_bytes"], "rss_before": before,
             "rss_after_first": runs[0]["rss_after"], "rss_after_last": runs[-1]["rss_after"],
             "rss_peak": max(r["rss_peak"] for r in runs),
+            "children_rss_peak": max(r["children_rss_peak"] for r in runs),
             "outcomes": sorted({str(r["outcome"]) for r in runs})}
 
 
@@ -294,17 +313,18 @@ def main() -> None:
         mib = {key: f"{series[key] / MIB:.1f} MiB" for key in series if key.startswith("rss_")}
         print(f"{series['captures']} captures of {format_size(series['trace_bytes'])} "
               f"({', '.join(series['outcomes'])}): RSS before {mib['rss_before']}, after the first "
-              f"{mib['rss_after_first']}, after the last {mib['rss_after_last']} (peak {mib['rss_peak']})")
+              f"{mib['rss_after_first']}, after the last {mib['rss_after_last']} (peak {mib['rss_peak']}); "
+              f"its child processes at their peak {series['children_rss_peak'] / MIB:.1f} MiB together")
     if not results:
         return
     print(f"{setting} {format_size(cap)}")
     print(f"{'trace':>10} {'outcome':>9} {'RSS before':>11} {'peak':>9} {'after':>9} {'time':>6} "
-          f"{'stored':>10}")
+          f"{'stored':>10} {'children peak':>14}")
     for r in results:
         stored = format_size(int(r.get("stored_bytes") or 0))
         print(f"{format_size(r['trace_bytes']):>10} {r['outcome']:>9} {r['rss_before'] / MIB:>9.0f}Mi "
               f"{r['rss_peak'] / MIB:>7.0f}Mi {r['rss_after'] / MIB:>7.0f}Mi {r['seconds']:>5.1f}s "
-              f"{stored:>10}")
+              f"{stored:>10} {r['children_rss_peak'] / MIB:>12.0f}Mi")
         if r["outcome"] != "captured" and r["error"]:
             print(f"{'':>10} {r['error'][:150]}")
 

@@ -31,11 +31,12 @@ STEPS: list[tuple[str, list[str]]] = [
     ("the configuration models", ["gpuscope.config"]),
     ("psutil, nvidia-ml-py", ["psutil", "pynvml"]),
     ("the rest of the agent (what `gpuscope run` loads)", AGENT),
-    ("gRPC, protobuf and the generated stubs (only when used)",
+    ("gRPC, protobuf and the generated stubs (in the agent only for the kubelet; else in the control "
+     "API's server process and the profiler client processes)",
      ["grpc", "google.protobuf", "gpuscope.generated.tsl.profiler_service_pb2_grpc",
-      "gpuscope.generated.kubelet.v1.podresources_pb2_grpc", "gpuscope.capture.tsl",
+      "gpuscope.generated.kubelet.v1.podresources_pb2_grpc", "gpuscope.capture.tsl_client",
       "gpuscope.host.kubelet"]),
-    ("the control server (only when a client comes)", ["gpuscope.control.server"]),
+    ("the control server (only in its server process)", ["gpuscope.control.server"]),
     ("prometheus_client, with its HTTP client and server and ssl (only for a family or an escaping "
      "scheme the agent's encoders leave to it)", ["prometheus_client"]),
     ("the trace analysis (only in its child process)", ["gpuscope.analysis.diagnose"]),

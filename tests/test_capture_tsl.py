@@ -3,7 +3,9 @@ scripted in-process ProfilerService for the answers a JAX job does not give."""
 
 from __future__ import annotations
 
+import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +18,7 @@ import grpc
 import pytest
 from capturing import DirectoryStaging, Workload, free_port
 
+from gpuscope.capture import tsl
 from gpuscope.capture.model import BackendResult, CaptureTarget
 from gpuscope.capture.tsl import TslProfilerBackend, parse_target
 from gpuscope.common.unixfs import safe_file_name
@@ -85,14 +88,13 @@ def test_a_second_capture_in_the_same_run_gets_its_own_file(jax_job: Workload, t
 def test_a_concurrent_capture_is_busy(jax_job: Workload, tmp_path: Path) -> None:
     busy = jax_job
     results: dict[str, BackendResult] = {}
-    first = threading.Thread(target=lambda: results.setdefault("first", capture(busy.address, 1.0,
+    first = threading.Thread(target=lambda: results.setdefault("first", capture(busy.address, 4.0,
                                                                                  tmp_path / "a")))
     first.start()
-    time.sleep(0.3)
-    started = time.monotonic()
+    time.sleep(1.5)  # its client process has started, and its session too
     second = capture(busy.address, 1.0, tmp_path / "b")
-    assert time.monotonic() - started < 0.5  # refused at once
-    first.join(timeout=15)
+    assert first.is_alive()  # refused at once, not queued behind the first
+    first.join(timeout=30)
     # Measured: INTERNAL "Another profiling session active."
     assert second == BackendResult("busy", error="Another profiling session active.")
     assert results["first"].outcome == "captured"
@@ -319,6 +321,58 @@ def test_a_trace_just_over_the_limit_within_the_allowance_is_refused_too(scripte
     result = capture(address, 0.1, tmp_path, backend=TslProfilerBackend(max_trace_bytes=2 << 20))
     assert result.outcome == "failed" and listing(tmp_path) == []
     assert result.error is not None and f"({len(space)} bytes)" in result.error
+
+
+# --- the profiler client process ----------------------------------------------------------------
+
+def scripted_client(script: str) -> TslProfilerBackend:
+    """A backend whose client process runs ``script`` instead of making the call."""
+    backend = TslProfilerBackend()
+    backend.client_command = (sys.executable, "-c", script)
+    return backend
+
+
+def answer_line(header: dict[str, Any]) -> bytes:
+    return json.dumps(header).encode() + b"\n"
+
+
+def test_a_client_process_that_dies_without_an_answer_is_a_failure_that_says_so(tmp_path: Path) -> None:
+    backend = scripted_client("import sys; sys.stderr.write('out of memory\\n'); sys.exit(3)")
+    result = capture("127.0.0.1:1", 0.1, tmp_path, backend=backend)
+    assert result == BackendResult("failed", error="the profiler client process ended with status 3 without "
+                                                   "an answer: out of memory")
+
+
+def test_a_trace_handed_over_in_part_is_a_failure_and_leaves_no_file(tmp_path: Path) -> None:
+    header = {"outcome": "captured", "error": None,
+              "file": {"folders": ["plugins", "profile", "run1"], "stem": "h", "suffix": ".xplane.pb",
+                       "bytes": 100}}
+    script = f"import sys; sys.stdout.buffer.write({answer_line(header)!r} + b'x' * 10)"
+    result = capture("127.0.0.1:1", 0.1, tmp_path, backend=scripted_client(script))
+    assert result == BackendResult("failed", error="the profiler client process sent 10 of the trace's 100 "
+                                                   "bytes")
+    assert listing(tmp_path) == []
+
+
+def test_a_trace_larger_than_the_limit_is_not_read_from_the_client_process(tmp_path: Path) -> None:
+    header = {"outcome": "captured", "error": None,
+              "file": {"folders": [], "stem": "h", "suffix": ".xplane.pb", "bytes": 1 << 40}}
+    script = f"import sys; sys.stdout.buffer.write({answer_line(header)!r})"
+    result = capture("127.0.0.1:1", 0.1, tmp_path, backend=scripted_client(script))
+    assert result.outcome == "failed" and result.error is not None
+    assert result.error.startswith("the target's trace is larger than capture.max_trace_bytes (64.0 MiB)")
+    assert listing(tmp_path) == []
+
+
+def test_a_client_process_past_its_deadline_is_killed(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tsl, "CLIENT_EXIT_S", 0.2)
+    started = time.monotonic()
+    result = capture("127.0.0.1:1", 0.1, tmp_path, deadline_s=0.5,
+                     backend=scripted_client("import time; time.sleep(60)"))
+    assert result.outcome == "failed" and result.error is not None
+    assert result.error.startswith("the profiler client process ended with status -9 without an answer")
+    assert time.monotonic() - started < 30
 
 
 # --- validation -------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from gpuscope.common.user_paths import default_dirs
 from gpuscope.control.client import AgentInfo, ControlClient, safe_relative_path, write_chunks
 from gpuscope.control.config import ControlConfig
 from gpuscope.control.errors import ControlError, ControlServerError
-from gpuscope.control.server import CHUNK_BYTES, ControlServer
+from gpuscope.control.server import CHUNK_BYTES, ControlServer, local_control_server
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
 from gpuscope.generated.tsl import xplane_pb2
 from gpuscope.host.processes import ProcessInspector
@@ -54,6 +54,11 @@ from gpuscope.version import __version__
 
 PROFILER = "127.0.0.1:6009"  # what the fake backend "profiles"
 TOKEN = "s3cret-token-0123456789abcdef"
+
+
+def bare_server(config: ControlConfig) -> ControlServer:
+    """A server of an agent that takes no captures and has no alerts."""
+    return local_control_server(config, service=None, store=None, snapshots=FakeSource(), alerts=None)
 
 
 # -- helpers shared with test_cli_capture.py ----------------------------------------------------------------
@@ -149,7 +154,7 @@ def running_node(tmp: Path, *, capture: dict[str, Any] | None = None, control: d
                 backends={"tsl": backend}, snapshots=FakeSource(snapshot), hostname="node",
                 deadline_margin_s=5.0)
             service.start()
-        server = ControlServer(config, service=service, store=store, snapshots=FakeSource(snapshot),
+        server = local_control_server(config, service=service, store=store, snapshots=FakeSource(snapshot),
                                alerts=alerts, hostname="node")
         server.start()
         try:
@@ -238,7 +243,7 @@ def test_the_agent_says_who_it_is(tmp_path: Path) -> None:
         assert info.describe(client.where) == f"agent node (pid {os.getpid()}) at {node.socket}"
     with short_dir() as folder:
         config = ControlConfig.model_validate({"socket": str(folder / "control.sock")})
-        server = ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None,
+        server = local_control_server(config, service=None, store=None, snapshots=FakeSource(), alerts=None,
                                hostname="sim", simulated="demo")
         server.start()
         try:
@@ -272,11 +277,11 @@ def test_a_stale_socket_is_replaced_a_live_one_or_a_file_is_refused(tmp_path: Pa
         stale.bind(str(path))
         stale.close()  # bound, never listening: nobody answers
         config = ControlConfig.model_validate({"socket": str(path), "socket_mode": "0600"})
-        first = ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None)
+        first = bare_server(config)
         first.start()
         try:
             assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
-            second = ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None)
+            second = bare_server(config)
             identity = os.lstat(path).st_ino
             # The second names the first (it asks it who it is) and what to set instead.
             hostname = socket.gethostname()
@@ -295,7 +300,7 @@ def test_a_stale_socket_is_replaced_a_live_one_or_a_file_is_refused(tmp_path: Pa
             first.stop()
         path.write_text("not a socket")
         with pytest.raises(ControlServerError, match="exists and is not a socket"):
-            ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None).start()
+            bare_server(config).start()
         assert path.read_text() == "not a socket"
 
 
@@ -303,8 +308,7 @@ def test_an_uncreatable_socket_directory_is_a_clear_error(tmp_path: Path) -> Non
     with short_dir() as folder:
         (folder / "file").write_text("")
         path = folder / "file" / "control.sock"
-        server = ControlServer(ControlConfig.model_validate({"socket": str(path)}), service=None, store=None,
-                               snapshots=FakeSource(), alerts=None)
+        server = bare_server(ControlConfig.model_validate({"socket": str(path)}))
         with pytest.raises(ControlServerError, match=re.escape(str(path.parent))):
             server.start()
         server.stop()  # harmless
@@ -625,7 +629,7 @@ def test_tcp_setup_errors_are_clear(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("short")
     with short_dir() as folder:
         config = ControlConfig.model_validate({"socket": str(folder / "c.sock"), **control})
-        server = ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None)
+        server = bare_server(config)
         with pytest.raises(ControlServerError, match="shorter than 16") as caught:
             server.start()
         assert "short" not in str(caught.value).replace("shorter", "")  # the token is never shown
@@ -635,7 +639,7 @@ def test_tcp_setup_errors_are_clear(tmp_path: Path) -> None:
         (tmp_path / "token").write_text(TOKEN)
         config = ControlConfig.model_validate({"socket": str(folder / "c.sock"), "tcp": missing})
         with pytest.raises(ControlServerError, match=r"missing\.crt"):
-            ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None).start()
+            bare_server(config).start()
 
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
@@ -643,7 +647,7 @@ def test_tcp_setup_errors_are_clear(tmp_path: Path) -> None:
             busy = {**control["tcp"], "listen_address": f"127.0.0.1:{taken.getsockname()[1]}"}
             config = ControlConfig.model_validate({"socket": str(folder / "c.sock"), "tcp": busy})
             with pytest.raises(ControlServerError, match=r"cannot listen on control\.tcp\.listen_address"):
-                ControlServer(config, service=None, store=None, snapshots=FakeSource(), alerts=None).start()
+                bare_server(config).start()
     with pytest.raises(ControlError, match="needs a bearer token"):
         ControlClient("127.0.0.1:1", tls_ca=pki.ca)
 
@@ -721,7 +725,7 @@ def test_a_real_jax_capture_through_the_api(jax_job: Workload, tmp_path: Path) -
         sampler.tick()  # GPU 1 runs the JAX job (its real pid)
         with short_dir() as folder:
             control = ControlConfig.model_validate({"socket": str(folder / "control.sock")})
-            server = ControlServer(control, service=service, store=store, snapshots=sampler,
+            server = local_control_server(control, service=service, store=store, snapshots=sampler,
                                    alerts=None, hostname="sim-node")
             server.start()
             try:

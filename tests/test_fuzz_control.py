@@ -21,7 +21,6 @@ import json
 import math
 import os
 import tempfile
-import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -43,7 +42,8 @@ from gpuscope.common.unixfs import safe_file_name
 from gpuscope.control.auth import MIN_TOKEN_CHARS, bearer_matches, read_token
 from gpuscope.control.client import safe_relative_path, write_chunks
 from gpuscope.control.errors import ControlError
-from gpuscope.control.server import MAX_LIST_LIMIT, MAX_REASON_CHARS, MAX_START_DELAY_S, _Servicer
+from gpuscope.control.methods import MAX_LIST_LIMIT, MAX_REASON_CHARS, MAX_START_DELAY_S, ControlMethods
+from gpuscope.control.server import _Servicer
 from gpuscope.generated.agent.v1 import agent_pb2
 
 FUZZ = settings(max_examples=150)  # and tests/conftest.py\'s profile
@@ -89,9 +89,9 @@ class RecordingService:
 
 
 def servicer(*, service: Any = None, store: CaptureStore | None = None) -> _Servicer:
-    return _Servicer(service=cast(CaptureService, service), store=store, snapshots=FakeSource(), alerts=None,
-                     hostname="node", wall_clock=lambda: NOW, waiting=threading.BoundedSemaphore(4),
-                     stopping=threading.Event(), user="unix")
+    methods = ControlMethods(service=cast(CaptureService, service), store=store, snapshots=FakeSource(),
+                             alerts=None, hostname="node", wall_clock=lambda: NOW)
+    return _Servicer(methods, user="unix")
 
 
 # -- Capture ---------------------------------------------------------------------------------------------

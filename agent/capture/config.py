@@ -5,7 +5,7 @@ capture:
   enabled: true
   store: {root: /var/lib/gpuscope/captures, quota_bytes: 2GiB, min_free_bytes: 256MiB}
   duration: 2s          # an alert-triggered capture; a user may ask for up to max_duration
-  max_trace_bytes: 64MiB    # per gRPC target; the agent holds about 3.6x this while a trace arrives
+  max_trace_bytes: 64MiB    # per gRPC target; its client process holds about 3.6x this while it arrives
   max_duration: 30s
   cooldown: 15m         # per GPU, for alert and webhook triggers
   hourly_budget: 6      # captures of any trigger in a rolling hour
@@ -50,8 +50,9 @@ from gpuscope.common.user_paths import default_dirs
 
 MAX_DURATION_SECONDS = 30.0  # the longest capture anyone may ask for (a trace of 30 s is already large)
 # A trace received over gRPC is held about 3.6 times over while it arrives (gRPC's buffers, the
-# message, the allocator's slack): 64 MiB keeps the agent's peak near 300 MiB, well within the
-# shipped 512 MiB memory limits (bench/capture_memory.py measures it).
+# message, the allocator's slack), in the profiler client process the agent starts for the capture:
+# 64 MiB keeps its peak near 300 MiB, within the shipped 512 MiB memory limits of the agent's cgroup
+# (bench/capture_memory.py measures it).
 DEFAULT_MAX_TRACE_BYTES = 64 * 2**20
 MAX_TRACE_BYTES_CEILING = 2**31 - 2**21  # a gRPC message is at most 2 GiB
 # A Kineto trace is a file the job writes and the agent streams into the store, compressed as it is
@@ -271,8 +272,9 @@ class CaptureConfig(Section):
     max_trace_bytes: ByteSize = Field(
         DEFAULT_MAX_TRACE_BYTES, ge=MIN_QUOTA_BYTES, le=MAX_TRACE_BYTES_CEILING, description=(
             "Largest trace received over gRPC from one TensorFlow/JAX profiler server (a response is "
-            "refused as it starts to arrive): a memory cap, as the agent holds about 3.6x this while "
-            "receiving. PyTorch's trace files have their own cap, kineto.max_trace_bytes."))
+            "refused as it starts to arrive): a memory cap, as the profiler client process the agent "
+            "starts for the capture holds about 3.6x this while receiving. PyTorch's trace files have "
+            "their own cap, kineto.max_trace_bytes."))
     deadline_margin: Duration = Field(10.0, gt=0.0, le=120.0,
                                       description="Time a backend may take beyond the capture duration "
                                                   "(connection, trace transfer) before it is abandoned; "

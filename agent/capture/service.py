@@ -281,8 +281,9 @@ class CaptureService:
         """The targets at the same time, so that the traces of a GPU's processes cover the same seconds
         (the analysis compares them to see whether the processes shared the GPU) and several
         processes take one capture's time. A PyTorch (Kineto) trace is streamed from a file: any
-        number at once. A trace that arrives over gRPC is held in memory (about 3.6 times
-        capture.max_trace_bytes at worst): those run one after another, in one lane beside them."""
+        number at once. A trace that arrives over gRPC is held in memory by its profiler client
+        process (about 3.6 times capture.max_trace_bytes at worst): those run one after another, in one
+        lane beside them."""
         if len(targets) == 1:
             return (self._run_backend(targets[0], decision, staging),)
         lanes: list[list[int]] = [[i] for i, t in enumerate(targets) if t.kind == "kineto"]

@@ -10,15 +10,23 @@ Measured on JAX 0.10.2 (CPU): a second concurrent capture fails at once with INT
 profiling session active."; an idle process answers after the full duration with ``empty_trace``
 (its XSpace still has a host plane, without events); no server: UNAVAILABLE within milliseconds.
 
-The XSpace is never parsed into objects: the response is read through wire-compatible views that
-keep it as bytes (a second of capture is several MiB), and written byte for byte.
+The call is made by a profiler client process (``gpuscope.capture.tsl_client``), so that neither gRPC
+nor the trace while it arrives stays in the agent's memory; the agent copies the trace it hands over
+into the staging area a MiB at a time. The XSpace is never parsed into objects: the response is read
+through wire-compatible views that keep it as bytes (a second of capture is several MiB), and written
+byte for byte.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
+import tempfile
+import threading
 import time
-from typing import TYPE_CHECKING
+from typing import IO
 
 from gpuscope.capture.config import DEFAULT_MAX_TRACE_BYTES
 from gpuscope.capture.model import (
@@ -30,19 +38,8 @@ from gpuscope.capture.model import (
     request_problem,
 )
 from gpuscope.common.addresses import AddressError, HostPort, parse_host_port
-from gpuscope.common.lazy_import import lazy_module
 from gpuscope.common.sizes import format_size
 from gpuscope.common.unixfs import safe_file_name
-
-if TYPE_CHECKING:
-    import grpc
-
-    from gpuscope.generated.tsl import profiler_options_pb2, profiler_service_pb2, views_pb2
-else:  # imported at the first capture: an agent that never takes one never loads gRPC
-    grpc = lazy_module("grpc")
-    profiler_options_pb2 = lazy_module("gpuscope.generated.tsl.profiler_options_pb2")
-    profiler_service_pb2 = lazy_module("gpuscope.generated.tsl.profiler_service_pb2")
-    views_pb2 = lazy_module("gpuscope.generated.tsl.views_pb2")
 
 PROFILE_METHOD = "/tensorflow.ProfilerService/Profile"
 RESPONSE_OVERHEAD_BYTES = 1 << 20  # a response's fields besides the trace (tool names, errors)
@@ -51,9 +48,9 @@ TORCH_TRACE_SUFFIX = ".pt.trace.json.gz"  # what gpuscope.workload.serve returns
 PROFILE_DIR = ("plugins", "profile")  # under a TensorBoard logdir
 # Where a server that ignores emit_xspace (an old TensorFlow) writes the trace on its own filesystem.
 DEFAULT_REPOSITORY_ROOT = "/tmp/gpuscope/plugins/profile"
-_BUSY_MESSAGES = ("another profiling session", "session active", "already profiling")
-_BUSY_CODES = ("FAILED_PRECONDITION", "ALREADY_EXISTS")  # grpc.StatusCode names
-_UNREACHABLE_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+MAX_HEADER_BYTES = 64 * 1024  # the client process's answer line (and what is read of its stderr)
+COPY_CHUNK_BYTES = 1 << 20  # the trace is copied from the client process a MiB at a time
+CLIENT_EXIT_S = 10.0  # after the deadline, the time a client process has to hand over its trace
 # gRPC's other name resolvers: a target like "unix:/path", "dns:///host:port" or "ipv4:1.2.3.4:5".
 # ("dns:6009" stays the host "dns", port 6009.)
 _GRPC_SCHEME = re.compile(r"(?:unix|unix-abstract|vsock|dns|ipv4|ipv6|xds):(?!\d+$)|[a-z][a-z0-9+.-]*://",
@@ -76,9 +73,12 @@ def parse_target(address: str) -> HostPort:
 
 class TslProfilerBackend:
     """CaptureBackend for TSL profiler servers (TensorFlow, JAX). Stateless and thread-safe: one
-    instance serves concurrent captures of different targets."""
+    instance serves concurrent captures of different targets, each through a profiler client process
+    of its own (``gpuscope.capture.tsl_client``: gRPC, and the trace while it arrives, stay out of the
+    agent's memory), whose trace is copied into the staging area a chunk at a time."""
 
     kind: TargetKind = "tsl"
+    client_command: tuple[str, ...] = (sys.executable, "-m", "gpuscope.capture.tsl_client")  # + its ARGS
 
     def __init__(self, *, python_tracer_level: int = 0, host_tracer_level: int = 2,
                  device_tracer_level: int = 1, repository_root: str = DEFAULT_REPOSITORY_ROOT,
@@ -91,21 +91,12 @@ class TslProfilerBackend:
 
     def capture(self, target: CaptureTarget, duration_s: float, staging: StagingArea, *,
                 deadline_s: float) -> BackendResult:
-        """Profiles ``target`` for ``duration_s``; never raises, never blocks past ``deadline_s``."""
+        """Profiles ``target`` for ``duration_s``; never raises, never blocks past ``deadline_s`` (and
+        the client process's exit)."""
         try:
             return self._capture(target, duration_s, staging, deadline_s=deadline_s)
         except Exception as err:  # the contract: an outcome, never an exception
             return BackendResult("failed", error=clip_error(f"{type(err).__name__}: {err}"))
-
-    def request(self, address: HostPort, duration_ms: int, run: str) -> profiler_service_pb2.ProfileRequest:
-        """The Profile request: the length in both fields (servers read ``opts.duration_ms``)."""
-        options = profiler_options_pb2.ProfileOptions(
-            version=1, host_tracer_level=self.host_tracer_level,
-            device_tracer_level=self.device_tracer_level, python_tracer_level=self.python_tracer_level,
-            duration_ms=duration_ms)
-        return profiler_service_pb2.ProfileRequest(
-            duration_ms=duration_ms, tools=["xplane"], opts=options, emit_xspace=True,
-            repository_root=self.repository_root, session_id=run, host_name=safe_file_name(address.host))
 
     def _capture(self, target: CaptureTarget, duration_s: float, staging: StagingArea, *,
                  deadline_s: float) -> BackendResult:
@@ -119,96 +110,61 @@ class TslProfilerBackend:
         run = staging.run
         if not run or safe_file_name(run, limit=255, default="") != run:
             return BackendResult("failed", error=f"run name {run!r} is not a plain file name")
-        duration_ms = max(1, round(duration_s * 1000))
-        started = time.monotonic()
-        try:
-            response = self._profile(address, self.request(address, duration_ms, run), deadline_s)
-        except grpc.RpcError as err:
-            if _code(err) == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in _details(err):
-                return self._too_large(_details(err))
-            return _rpc_error(err, deadline_s, time.monotonic() - started)
-        return self._store(response, address, target, staging)
+        args = {"address": str(address), "duration_ms": max(1, round(duration_s * 1000)), "run": run,
+                "pid": target.pid, "deadline_s": deadline_s, "deadline_at": time.monotonic() + deadline_s,
+                "max_trace_bytes": self.max_trace_bytes, "repository_root": self.repository_root,
+                "python_tracer_level": self.python_tracer_level,
+                "host_tracer_level": self.host_tracer_level, "device_tracer_level": self.device_tracer_level}
+        with tempfile.TemporaryFile() as errors, subprocess.Popen(
+                [*self.client_command, json.dumps(args)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors) as client:
+            # Past its deadline (and the time to hand over its trace) the client is killed.
+            stop = threading.Timer(deadline_s + CLIENT_EXIT_S, client.kill)
+            stop.start()
+            stream = client.stdout
+            assert stream is not None  # stdout=PIPE
+            try:
+                result = self._receive(stream, staging)
+            finally:
+                stop.cancel()
+                stream.close()  # a client still writing gets EPIPE and ends
+                client.wait()
+            if result is None:  # no answer: it died, or was killed
+                errors.seek(0)
+                said = errors.read(MAX_HEADER_BYTES).decode(errors="replace").strip().splitlines()
+                return BackendResult("failed", error=clip_error(
+                    f"the profiler client process ended with status {client.returncode} without an answer"
+                    + (f": {said[-1]}" if said else "")))
+            return result
 
-    def _too_large(self, detail: str) -> BackendResult:
-        limit = format_size(self.max_trace_bytes)
-        return BackendResult("failed", error=clip_error(
-            f"the target's trace is larger than capture.max_trace_bytes ({limit}); it was refused as it "
-            f"started to arrive ({detail}). Capture for less time, or raise the limit (the agent holds "
-            "about 3.6x it in memory while a trace arrives)"))
-
-    def _profile(self, address: HostPort, request: profiler_service_pb2.ProfileRequest,
-                 deadline_s: float) -> views_pb2.ProfileResponseView:
-        options = [
-            # gRPC refuses a larger response from its length prefix, before buffering it: the target
-            # cannot make the agent hold more than this (the trace, and the response's other fields).
-            ("grpc.max_receive_message_length", self.max_trace_bytes + RESPONSE_OVERHEAD_BYTES),
-            ("grpc.enable_http_proxy", 0),  # the job is on this node or in its pod network
-        ]
-        with grpc.insecure_channel(str(address), options=options) as channel:
-            profile = channel.unary_unary(
-                PROFILE_METHOD, request_serializer=profiler_service_pb2.ProfileRequest.SerializeToString,
-                response_deserializer=views_pb2.ProfileResponseView.FromString)
-            response: views_pb2.ProfileResponseView = profile(request, timeout=deadline_s,
-                                                              wait_for_ready=False)
-            return response
-
-    def _store(self, response: views_pb2.ProfileResponseView, address: HostPort, target: CaptureTarget,
-               staging: StagingArea) -> BackendResult:
-        if response.empty_trace:
-            return BackendResult("empty")
-        data = response.xspace
-        where = f"pid{target.pid}" if target.pid is not None else f"port{address.port}"
-        chrome = next((tool.data for tool in response.tool_data if tool.name.endswith(TORCH_TRACE_SUFFIX)),
-                      b"")
-        if not data and chrome:
-            # gpuscope.workload.serve (PyTorch) answers with a gzip Chrome trace, not an XSpace.
-            relative = _write(staging, (), f"{safe_file_name(address.host)}_{where}", chrome,
-                              TORCH_TRACE_SUFFIX)
-            return BackendResult("captured", files=(relative,))
-        if not data:  # a server without emit_xspace support may return the file as tool data
-            data = next((tool.data for tool in response.tool_data if tool.name.endswith("xplane.pb")), b"")
-        if len(data) > self.max_trace_bytes:
-            return self._too_large(f"{len(data)} bytes")
-        if not data and not response.HasField("xspace"):
-            return BackendResult("failed", error="the server returned no trace (without emit_xspace "
-                                                  f"support it writes it under {self.repository_root} "
-                                                  "on its own filesystem)")
-        space = views_pb2.XSpaceView.FromString(data)
-        if not space.planes:
-            return BackendResult("empty")
-        hostname = space.hostnames[0].decode(errors="replace") if space.hostnames else address.host
-        relative = _write(staging, (*PROFILE_DIR, staging.run), f"{safe_file_name(hostname)}_{where}", data,
-                          XPLANE_SUFFIX)
-        errors = [e.decode(errors="replace") for e in space.errors]
-        return BackendResult("captured", files=(relative,),
-                             error=clip_error("profiler reported: " + "; ".join(errors)) if errors else None)
+    def _receive(self, stream: IO[bytes], staging: StagingArea) -> BackendResult | None:
+        """The client's answer, its trace copied into ``staging``; None when it sent none."""
+        line = stream.readline(MAX_HEADER_BYTES)
+        if not line.endswith(b"\n"):
+            return None
+        header = json.loads(line)
+        outcome, error, spec = header["outcome"], header.get("error"), header.get("file")
+        if spec is None:
+            return BackendResult(outcome, error=error)
+        size = int(spec["bytes"])
+        if size > self.max_trace_bytes + RESPONSE_OVERHEAD_BYTES:  # gRPC refuses more; checked all the same
+            return BackendResult("failed", error=too_large(self.max_trace_bytes, f"{size} bytes"))
+        with staging.new_file(str(spec["stem"]), str(spec["suffix"]),
+                              folders=tuple(str(f) for f in spec["folders"])) as new:
+            left = size
+            while left:
+                chunk = stream.read(min(left, COPY_CHUNK_BYTES))
+                if not chunk:
+                    return BackendResult("failed", error=f"the profiler client process sent {size - left} of "
+                                                         f"the trace's {size} bytes")
+                new.file.write(chunk)
+                left -= len(chunk)
+            return BackendResult(outcome, files=(new.publish(),), error=error)
 
 
-def _code(err: grpc.RpcError) -> grpc.StatusCode:
-    # The errors that calls raise are also grpc.Call objects (code, details); the stubs cannot say so.
-    return err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
-
-
-def _details(err: grpc.RpcError) -> str:
-    return (err.details() if hasattr(err, "details") else None) or str(err)
-
-
-def _rpc_error(err: grpc.RpcError, deadline_s: float, elapsed_s: float) -> BackendResult:
-    code = _code(err)
-    details = _details(err)
-    if any(text in details.lower() for text in _BUSY_MESSAGES) or code.name in _BUSY_CODES:
-        return BackendResult("busy", error=clip_error(details))
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return BackendResult("unreachable", error=f"no answer within the deadline ({deadline_s:g} s, "
-                                                  f"waited {elapsed_s:.1f} s)")
-    if code.name in _UNREACHABLE_CODES:
-        return BackendResult("unreachable", error=clip_error(details))
-    if code == grpc.StatusCode.UNIMPLEMENTED:
-        return BackendResult("failed", error=clip_error(f"not a TSL profiler server: {details}"))
-    return BackendResult("failed", error=clip_error(f"{code.name}: {details}"))
-
-
-def _write(staging: StagingArea, folders: tuple[str, ...], stem: str, data: bytes, suffix: str) -> str:
-    with staging.new_file(stem, suffix, folders=folders) as new:
-        new.file.write(data)
-        return new.publish()
+def too_large(max_trace_bytes: int, detail: str) -> str:
+    """Why a trace over ``capture.max_trace_bytes`` was refused."""
+    return clip_error(
+        f"the target's trace is larger than capture.max_trace_bytes ({format_size(max_trace_bytes)}); it was "
+        f"refused as it started to arrive ({detail}). Capture for less time, or raise the limit (the "
+        "profiler client process holds about 3.6x it in memory while a trace arrives)")

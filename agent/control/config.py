@@ -26,7 +26,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from gpuscope.common.config_types import FilePath, ListenAddress, Section, UnixSocketPath
+from gpuscope.common.config_types import Duration, FilePath, ListenAddress, Section, UnixSocketPath
 from gpuscope.common.user_paths import SYSTEM_RUNTIME_DIR, DefaultDirs, default_dirs
 
 SOCKET_NAME = "control.sock"
@@ -106,4 +106,9 @@ class ControlConfig(Section):
                     "directory ($XDG_RUNTIME_DIR/gpuscope, or /tmp/gpuscope-<uid>).")
     socket_mode: Annotated[int, BeforeValidator(_octal_mode), AfterValidator(_socket_mode)] = Field(
         DEFAULT_SOCKET_MODE, description="Permissions of the socket (octal); who may connect may capture.")
+    idle_timeout: Duration = Field(60.0, ge=1.0, le=86400.0, description=(
+        "How long the control API's server process stays after its last call; then the agent takes the "
+        "socket back and the process exits (the next client starts another, in about a second). gRPC "
+        "lives only in that process, so the agent's memory does not grow with the API's use. Unused with "
+        "control.tcp: the agent then serves the API itself."))
     tcp: TcpConfig = Field(default_factory=TcpConfig)
