@@ -119,8 +119,8 @@ class Agent:
             if alerting.event_log.path is not None:
                 self.event_log = AlertEventLog(alerting.event_log, health=self.health)
                 self.alerts.add_listener(self.event_log)
-        # One thread waits on every listening socket: the HTTP port, the control API's socket until
-        # its first client, the Kineto daemon's (started by the first one added).
+        # One thread waits on every listening socket: the HTTP port, the control API's socket while
+        # no client calls, the Kineto daemon's (started by the first one added).
         self.listeners = SocketListeners("gpuscope-listen", health=self.health)
         self.captures: Captures | None = build_captures(
             self._capture_settings(settings), snapshots=self.sampler, hostname=self.hostname,

@@ -1,6 +1,6 @@
 """One thread for the agent's listening sockets.
 
-The HTTP listener, the control API's socket (until its first client) and the Kineto daemon's socket
+The HTTP listener, the control API's socket (while no client calls) and the Kineto daemon's socket
 each wait for what may not come for days. One thread waits on all of them in one ``epoll`` (``poll``
 elsewhere) and runs the handler of the socket that is ready: one thread instead of three, and still
 no wake-up while nothing comes. A handler runs on that thread, so it returns quickly: it accepts a
