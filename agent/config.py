@@ -94,8 +94,10 @@ class NvmlConfig(Section):
         "A read costs some 1.7 ms of CPU on an H200."))
     health_interval: Duration = Field(10.0, ge=0.0, le=300.0, description=(
         "Time between reads of each GPU's slow-changing health readings (0: every sample): row remapping, "
-        "corrected ECC errors, PCIe replays and errors, memory temperature, NVLink link states and errors, "
-        "and the list of MIG devices. Between reads the last values are exported."))
+        "ECC errors (corrected and uncorrected), PCIe replays and errors, memory temperature, NVLink link "
+        "states and errors, and the list of MIG devices; and of the settings that change as seldom: the "
+        "enforced power limit and the memory clock; and of the video encoder's and decoder's utilization "
+        "(read every sample while either is in use). Between reads the last values are exported."))
     throttle_interval: Duration = Field(30.0, ge=0.0, le=300.0, description=(
         "Time between reads of each GPU's throttle (violation) counters (0: every sample). They add up the "
         "time each reason held the clocks down, so none is lost between reads; a read costs 0.6-1 ms of "

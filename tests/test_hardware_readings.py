@@ -10,9 +10,10 @@ from test_sampler import ManualClock, make_sampler, ticks
 
 from gpuscope.generated.kubelet.v1 import podresources_pb2
 from gpuscope.host.kubelet import gpu_allocations
+from gpuscope.sampling.sampler import Sampler
 from gpuscope.simulate import Simulation
 from gpuscope.simulate.loader import parse_scenario
-from gpuscope.snapshot import PodContainer
+from gpuscope.snapshot import PodContainer, Snapshot
 
 Start = Callable[..., Simulation]
 
@@ -252,3 +253,84 @@ def test_mig_mode_switched_while_running_is_followed(simulate: Start, clock: Man
     off = ticks(sampler, clock, until=9.0).gpus[0]
     assert not off.mig_enabled and off.utilization_samples  # read again: not left "unsupported"
     assert off.busy_seconds_total is not None and off.busy_seconds_total > before.busy_seconds_total
+
+
+def test_settings_are_read_with_the_health_readings_and_repeated_between(
+        simulate: Start, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The enforced power limit, the memory clock and the uncorrected ECC count are read once per
+    nvml.health_interval (an administrator's new limit shows at the next read), the readings that
+    follow the load (power draw, SM clock) every tick."""
+    import pynvml
+
+    simulate("""
+duration: 100s
+gpus:
+  - utilization: 1.0
+    phases:
+      - {from: 5s, power: {limit_w: 450}, clocks: {mem_mhz: 1593}}
+""")
+    asked: dict[str, int] = {}
+
+    def counting(name: str) -> Callable[..., object]:
+        real = getattr(pynvml, name)
+
+        def counted(*args: object) -> object:
+            asked[name] = asked.get(name, 0) + 1
+            return real(*args)
+        return counted
+
+    for name in ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetPowerUsage"):
+        monkeypatch.setattr(pynvml, name, counting(name))
+    sampler = make_sampler(clock, health_interval_seconds=10.0)
+    first = sampler.tick().gpus[0]
+    assert (first.power_limit_watts, first.memory_clock_hertz) == (700.0, 2619e6)
+    assert first.ecc_uncorrected_errors_total == 0
+    before = _step(sampler, clock, 9).gpus[0]  # t = 10 s
+    # The limit changed at 5 s: still the value read at the start, as the clock and ECC count are.
+    assert (before.power_limit_watts, before.memory_clock_hertz) == (700.0, 2619e6)
+    assert before.ecc_uncorrected_errors_total == 0
+    assert before.power_watts is not None and before.power_watts <= 450.0  # the draw: every tick
+    assert asked == {"nvmlDeviceGetEnforcedPowerLimit": 1, "nvmlDeviceGetPowerUsage": 10,
+                     "nvmlDeviceGetTotalEccErrors": 2}  # corrected and uncorrected, once each
+    after = _step(sampler, clock, 1).gpus[0]  # 10 s after the first read
+    assert (after.power_limit_watts, after.memory_clock_hertz) == (450.0, 1593e6)
+    assert asked["nvmlDeviceGetEnforcedPowerLimit"] == 2
+
+
+def test_video_engines_are_read_every_tick_only_while_in_use(
+        simulate: Start, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle decoder is read with the health readings; one in use every tick, until it is idle."""
+    import pynvml
+
+    simulate("gpus: [{utilization: 0.5}]")
+    percent = [0]
+    asked = [0]
+
+    def decoder(_handle: object) -> list[int]:
+        asked[0] += 1
+        return [percent[0], 167_000]
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetDecoderUtilization", decoder)
+    sampler = make_sampler(clock, health_interval_seconds=10.0)
+    sampler.tick()
+    idle = _step(sampler, clock, 4).gpus[0]
+    assert idle.decoder_utilization_ratio == 0.0 and asked[0] == 1  # repeated between reads
+    percent[0] = 40  # the decoder starts: seen at the next health read, then every tick
+    assert _step(sampler, clock, 5).gpus[0].decoder_utilization_ratio == 0.0 and asked[0] == 1
+    seen = _step(sampler, clock, 1).gpus[0]
+    assert seen.decoder_utilization_ratio == pytest.approx(0.4) and asked[0] == 2
+    percent[0] = 70
+    busy = _step(sampler, clock, 2).gpus[0]
+    assert busy.decoder_utilization_ratio == pytest.approx(0.7) and asked[0] == 4
+    percent[0] = 0
+    assert _step(sampler, clock, 1).gpus[0].decoder_utilization_ratio == 0.0 and asked[0] == 5
+    _step(sampler, clock, 5)
+    assert asked[0] == 5  # idle again: not read until the next health read
+
+
+def _step(sampler: Sampler, clock: ManualClock, seconds: int) -> Snapshot:
+    """One tick a second for ``seconds`` seconds, from a second after now."""
+    for _ in range(seconds):
+        clock.now += 1.0
+        snapshot = sampler.tick()
+    return snapshot

@@ -112,11 +112,6 @@ def clock_event_reasons(handle: Any) -> int:
         return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
 
-def uncorrected_ecc_errors(handle: Any) -> int:
-    return int(pynvml.nvmlDeviceGetTotalEccErrors(
-        handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC))
-
-
 def running_processes(handle: Any, kind: ProcessKind) -> list[RawProcess]:
     if kind == "compute":
         v3, v2 = pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetComputeRunningProcesses_v2

@@ -93,7 +93,9 @@ class DeviceReadings:
     # this GPU does not report them (not supported, MIG) or the call failed.
     new_process_samples: dict[int, tuple[tuple[int, float], ...]] | None = None
     process_samples_from_history: bool = False  # as utilization_samples_from_history
-    # Plain readings: the Snapshot's fields of the same names.
+    # Plain readings: the Snapshot's fields of the same names. power_limit_watts, memory_clock_hertz,
+    # ecc_uncorrected_errors_total and the video engines' ratios are read with the health readings
+    # (the video engines also every tick while in use, see health.read_video) and repeated between.
     memory_utilization_ratio: float | None = None
     memory_used_bytes: int | None = None
     memory_reserved_bytes: int | None = None
