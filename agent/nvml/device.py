@@ -33,7 +33,7 @@ class HealthCache:
 
     values: dict[str, Any] = field(default_factory=dict)
     nvlink_links: int | None = None  # links the GPU has (None until read; 0 without NVLink)
-    nvlink_request: tuple[tuple[int, int], ...] | None = None  # the data counters' field request
+    nvlink_request: Any = None  # the data counters' field-values array (decoding.field_array)
     video_in_use: bool = False  # an encoder or decoder was busy at the last read: read every tick
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pynvml
 
-from gpuscope.nvml.decoding import field_values
+from gpuscope.nvml.decoding import field_array, field_values, fill_field_values
 from gpuscope.nvml.device import NvmlDevice
 from gpuscope.nvml.errors import GpuLostError, describe
 
@@ -226,8 +226,8 @@ def read_nvlink_data(query: Query, device: NvmlDevice, per_link: bool,
         return None, None, None
     request = device.health.nvlink_request
     if request is None or len(request) != (2 + 2 * links if per_link else 2):
-        request = device.health.nvlink_request = nvlink_data_request(links, per_link)
-    answer = query(device, "nvlink_data", pynvml.nvmlDeviceGetFieldValues, device.handle, request)
+        request = device.health.nvlink_request = field_array(nvlink_data_request(links, per_link))
+    answer = query(device, "nvlink_data", fill_field_values, device.handle, request)
     if answer is None:
         return None, None, None
     values = field_values(answer)
