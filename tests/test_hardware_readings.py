@@ -334,3 +334,45 @@ def _step(sampler: Sampler, clock: ManualClock, seconds: int) -> Snapshot:
         clock.now += 1.0
         snapshot = sampler.tick()
     return snapshot
+
+
+def test_gpm_sampled_every_gpm_interval_keeps_its_active_time_exact(
+        simulate: Start, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPM sampled every 5 s: its ratios are the means since the previous sample, repeated on the ticks
+    between, and the SM and tensor active seconds are those of a GPU sampled every tick."""
+    import pynvml
+
+    simulate("""
+duration: 100s
+gpus:
+  - utilization: {pattern: steps, period: 3s, busy_fraction: 0.5, busy_level: 1.0, idle_level: 0.0}
+""")
+    samples = [0]
+    real = pynvml.nvmlGpmSampleGet
+
+    def counted(*args: object) -> object:
+        samples[0] += 1
+        return real(*args)
+
+    every_tick = make_sampler(clock)
+    every_5s = make_sampler(clock, gpm_interval_seconds=5.0)
+    every_tick.tick()
+    monkeypatch.setattr(pynvml, "nvmlGpmSampleGet", counted)
+    first = every_5s.tick().gpus[0]
+    assert first.sm_active_ratio is None and samples[0] == 1  # one sample: no ratio yet
+    by_tick = []
+    for _ in range(20):  # 20 s: GPM sampled again at 5, 10, 15 and 20 s after the first
+        clock.now += 1.0
+        monkeypatch.setattr(pynvml, "nvmlGpmSampleGet", real)
+        exact = every_tick.tick().gpus[0]
+        monkeypatch.setattr(pynvml, "nvmlGpmSampleGet", counted)
+        by_tick.append(every_5s.tick().gpus[0])
+    assert samples[0] == 5
+    assert by_tick[3].sm_active_ratio is None and by_tick[4].sm_active_ratio is not None
+    assert by_tick[5].sm_active_ratio == by_tick[8].sm_active_ratio == by_tick[4].sm_active_ratio
+    assert by_tick[8].sm_active_seconds_total == by_tick[4].sm_active_seconds_total  # counted once
+    # Both cover the same 20 s: the same busy SM-seconds (steps of 3 s against samples 5 s apart).
+    last = by_tick[-1]
+    assert exact.sm_active_seconds_total and 2.0 < exact.sm_active_seconds_total < 18.0
+    assert last.sm_active_seconds_total == pytest.approx(exact.sm_active_seconds_total, rel=1e-6)
+    assert last.tensor_active_seconds_total == pytest.approx(exact.tensor_active_seconds_total, rel=1e-6)

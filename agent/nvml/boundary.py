@@ -148,18 +148,20 @@ class Nvml:
 
     def read(self, device: NvmlDevice, *, energy: bool = True, samples: bool = True, health: bool = True,
              throttle: bool = True, nvlink_per_link: bool = False, settings: bool | None = None,
-             ) -> DeviceReadings:
+             gpm: bool = True) -> DeviceReadings:
         """All of one GPU's readings for this tick. The energy counter only with ``energy``, the
         utilization samples only with ``samples`` (the first read takes them regardless): on some
-        drivers these two cost more than all the others. The health readings only with ``health``,
-        the throttle counters only with ``throttle``, the slow settings (health.read_settings) and
-        the idle video engines' utilization only with ``settings`` (by default: with ``health``);
-        between reads the last values are repeated. ``nvlink_per_link`` adds the NVLink counters of
-        each link. Raises GpuLostError if the GPU is gone."""
+        drivers these two cost more than all the others. A GPM sample only with ``gpm``: its ratios
+        cover the time since the previous sample and are repeated until the next. The health
+        readings only with ``health``, the throttle counters only with ``throttle``, the slow
+        settings (health.read_settings) and the idle video engines' utilization only with
+        ``settings`` (by default: with ``health``); between reads the last values are repeated.
+        ``nvlink_per_link`` adds the NVLink counters of each link. Raises GpuLostError if the GPU is
+        gone."""
         try:
             if health:
                 self._follow_mig_mode(device)
-            r = self._read(device, energy, samples)
+            r = self._read(device, energy, samples, gpm)
             cache = device.health
             if throttle:
                 health_readings.read_throttle(self.query, device)
@@ -201,7 +203,8 @@ class Nvml:
                 gpm.free(state)
             device.switch_mig_mode(enabled)
 
-    def _read(self, device: NvmlDevice, read_energy: bool, read_samples: bool) -> DeviceReadings:
+    def _read(self, device: NvmlDevice, read_energy: bool, read_samples: bool, read_gpm: bool,
+              ) -> DeviceReadings:
         if device.handle is None or not device.identity.uuid:
             try:
                 self.refresh_identity(device)
@@ -237,11 +240,13 @@ class Nvml:
         r.sm_clock_hertz = None if sm is None else sm * 1e6
         r.clock_event_mask = query(device, "clock_events", clock_event_reasons, h)
         r.pcie = self._pcie(device)
-        activity = gpm.device_metrics(query, self._clock(), device)
-        if activity is not None and activity[0]:
-            for name, value in activity[0].items():
-                setattr(r, name, value)
-            r.gpm_interval_seconds = activity[1]
+        if read_gpm:  # else the ratios last read, with no interval: the time they cover is counted
+            activity = gpm.device_metrics(query, self._clock(), device)
+            device.gpm.ratios = activity[0] if activity is not None else {}
+            if activity is not None and activity[0]:
+                r.gpm_interval_seconds = activity[1]
+        for name, value in device.gpm.ratios.items():
+            setattr(r, name, value)
         r.nvml_processes = self._processes(device)
         first_process_samples = not device.process_samples_read
         r.new_process_samples = self._process_utilization(device)

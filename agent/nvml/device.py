@@ -18,6 +18,8 @@ class GpmState:
     samples: list[Any] | None = None  # [previous, current], allocated on first use
     previous_at: float | None = None
     request: Any = None  # the nvmlGpmMetricsGet request, metric ids filled in once
+    # The ratios last computed (a whole GPU's, read every nvml.gpm_interval): repeated between reads.
+    ratios: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -79,5 +81,6 @@ class NvmlDevice:
     def forget_gpm(self) -> None:
         """GPM counters across a time the GPU was lost mean nothing: the next sample starts afresh."""
         self.gpm.previous_at = None
+        self.gpm.ratios = {}
         for state in self.mig_gpm.values():
             state.previous_at = None

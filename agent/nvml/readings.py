@@ -107,9 +107,10 @@ class DeviceReadings:
     memory_clock_hertz: float | None = None
     ecc_uncorrected_errors_total: int | None = None
     # The time between the two GPM samples the GPM ratios below cover, in seconds: consecutive readings
-    # cover consecutive intervals. None when there are no GPM ratios this tick.
+    # cover consecutive intervals. None when no GPM sample was taken this tick (nvml.gpm_interval: the
+    # ratios are then those of the last sample, repeated) or it gave no ratios.
     gpm_interval_seconds: float | None = None
-    # GPM (Hopper and newer; None elsewhere, on MIG, and on the first tick): ratios 0-1.
+    # GPM (Hopper and newer; None elsewhere, on MIG, and until two samples were taken): ratios 0-1.
     sm_active_ratio: float | None = None
     sm_occupancy_ratio: float | None = None
     tensor_active_ratio: float | None = None
