@@ -113,7 +113,8 @@ class Agent:
         self.alerts: AlertEngine | None = None
         self.notifier: AlertmanagerNotifier | None = None
         if alerting.enabled:
-            self.alerts = AlertEngine(build_rules(alerting.rules), hostname=self.hostname, health=self.health)
+            self.alerts = AlertEngine(build_rules(alerting.rules), hostname=self.hostname, health=self.health,
+                                      evaluation_interval_seconds=alerting.evaluation_interval)
             self.sampler.add_listener(self.alerts.on_snapshot)
             self.registry.register(AlertCollector(self.alerts))
             if alerting.event_log.path is not None:

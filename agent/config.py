@@ -92,10 +92,18 @@ class NvmlConfig(Section):
         "samples since the last read (some 14 s of them), so none is lost; between reads the utilization "
         "gauge is the driver's current rate, and busy seconds and idle dips count at the next read. "
         "A read costs some 1.7 ms of CPU on an H200."))
+    gpm_interval: Duration = Field(5.0, ge=0.0, le=60.0, description=(
+        "Time between GPM samples of each GPU (Hopper and newer; 0: every sample). Each GPM ratio is "
+        "the mean over the time since the previous sample, so the SM and tensor active seconds stay "
+        "exact however seldom it is sampled; between samples the ratio gauges repeat the last means. "
+        "A sample and its metrics cost two calls a GPU, more CPU than any other per-sample reading on "
+        "NVIDIA's mock NVML."))
     health_interval: Duration = Field(10.0, ge=0.0, le=300.0, description=(
         "Time between reads of each GPU's slow-changing health readings (0: every sample): row remapping, "
-        "corrected ECC errors, PCIe replays and errors, memory temperature, NVLink link states and errors, "
-        "and the list of MIG devices. Between reads the last values are exported."))
+        "ECC errors (corrected and uncorrected), PCIe replays and errors, memory temperature, NVLink link "
+        "states and errors, and the list of MIG devices; and of the settings that change as seldom: the "
+        "enforced power limit and the memory clock; and of the video encoder's and decoder's utilization "
+        "(read every sample while either is in use). Between reads the last values are exported."))
     throttle_interval: Duration = Field(30.0, ge=0.0, le=300.0, description=(
         "Time between reads of each GPU's throttle (violation) counters (0: every sample). They add up the "
         "time each reason held the clocks down, so none is lost between reads; a read costs 0.6-1 ms of "

@@ -11,9 +11,10 @@ polls, in which case each tick checks for Xid events). Then, every 1.5 s, in tur
 apart:
 
 * ``tick``: the sampler's tick, as the agent's sampler thread runs it (listeners aside: the alert
-  rules cost another 0.2-0.3 ms for 8 GPUs, see ``bench/alerts.py``), with the energy counter and
-  the utilization samples read every ``nvml.energy_interval`` and ``nvml.samples_interval`` as in the
-  agent (the median tick reads neither; the mean includes them);
+  rules cost another 0.2-0.3 ms for 8 GPUs per evaluation, see ``bench/alerts.py``), with the
+  energy counter, the utilization samples and the GPM samples read every ``nvml.energy_interval``,
+  ``nvml.samples_interval`` and ``nvml.gpm_interval`` as in the agent (the median tick reads none
+  of them; the mean includes them);
 * ``calls``: the recorded calls replayed as they were made, with nothing around them: the floor;
 * each call on its own, timed: the CPU each NVML function costs on this driver (the energy
   counter's and the samples' reads included, whether or not the recorded tick made them).
@@ -43,7 +44,8 @@ from typing import Any
 WARMUP_TICKS = 12
 # Read once per interval of their own, not every tick (nvml.energy_interval, nvml.samples_interval).
 INTERVAL_READS = frozenset({"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetSamples",
-                            "nvmlDeviceGetViolationStatus", "nvmlDeviceGetNvLinkState"})
+                            "nvmlDeviceGetViolationStatus", "nvmlDeviceGetNvLinkState",
+                            "nvmlGpmSampleGet", "nvmlGpmMetricsGet"})
 
 
 def main() -> int:
@@ -77,7 +79,8 @@ def measure(seconds: float, as_json: bool) -> int:
     sampler = Sampler(nvml, ProcessInspector(), energy_interval_seconds=defaults.energy_interval,
                       samples_interval_seconds=defaults.samples_interval,
                       health_interval_seconds=defaults.health_interval,
-                      throttle_interval_seconds=defaults.throttle_interval)
+                      throttle_interval_seconds=defaults.throttle_interval,
+                      gpm_interval_seconds=defaults.gpm_interval)
     for _ in range(WARMUP_TICKS):
         snapshot = sampler.tick()
         time.sleep(1.0)
@@ -90,7 +93,7 @@ def measure(seconds: float, as_json: bool) -> int:
     # energy counter and the samples are recorded too (one every few seconds), for the per-call figures.
     timed = {(name, id(args[0]) if args else 0): (name, args) for name, args in calls}
     longest = max(defaults.energy_interval, defaults.samples_interval, defaults.health_interval,
-                  defaults.throttle_interval)
+                  defaults.throttle_interval, defaults.gpm_interval)
     for _ in range(int(longest) + 1):
         if {name for name, _ in timed.values()} >= INTERVAL_READS:
             break
@@ -150,11 +153,24 @@ def measure(seconds: float, as_json: bool) -> int:
     return 0
 
 
+# Calls the boundary makes on NVML's C function itself, past pynvml's wrapper (a field-values array
+# made once and filled every tick): recorded and replayed under this name, through the same function.
+_DIRECT = "nvmlDeviceGetFieldValues (array reused)"
+_direct_calls: dict[str, Callable[..., Any]] = {}
+
+
+def _function(pynvml: Any, name: str) -> Callable[..., Any]:
+    return _direct_calls.get(name) or getattr(pynvml, name)
+
+
 def record_calls(pynvml: Any, tick: Callable[[], object]) -> list[tuple[str, tuple[Any, ...]]]:
     """The pynvml functions (and their arguments) that one call of ``tick`` makes, in order."""
+    from gpuscope.nvml import health
+
     calls: list[tuple[str, tuple[Any, ...]]] = []
     originals = {name: value for name, value in vars(pynvml).items()
                  if name.startswith(("nvmlDevice", "nvmlGpm", "nvmlEvent")) and callable(value)}
+    direct = _direct_calls.setdefault(_DIRECT, health.fill_field_values)
 
     depth = [0]  # pynvml's functions call each other (a version's wrapper): the outermost call only
     caller = threading.get_ident()  # not the Xid watcher's thread, waiting for events meanwhile
@@ -174,11 +190,13 @@ def record_calls(pynvml: Any, tick: Callable[[], object]) -> list[tuple[str, tup
 
     for name, function in originals.items():
         setattr(pynvml, name, recording(name, function))
+    health.fill_field_values = recording(_DIRECT, direct)  # type: ignore[assignment]
     try:
         tick()
     finally:
         for name, function in originals.items():
             setattr(pynvml, name, function)
+        health.fill_field_values = direct  # type: ignore[assignment]
     return calls
 
 
@@ -186,7 +204,7 @@ def replay(pynvml: Any, calls: list[tuple[str, tuple[Any, ...]]]) -> None:
     for name, args in calls:
         # Not contextlib.suppress: its enter and exit would be counted as the calls' cost.
         try:  # noqa: SIM105
-            getattr(pynvml, name)(*args)
+            _function(pynvml, name)(*args)
         except pynvml.NVMLError:
             pass  # as in the boundary: a failing reading costs its call all the same
 
@@ -197,7 +215,7 @@ def time_each(pynvml: Any, calls: list[tuple[str, tuple[Any, ...]]],
     for name, args in calls:
         started = time.thread_time()
         try:  # noqa: SIM105
-            getattr(pynvml, name)(*args)
+            _function(pynvml, name)(*args)
         except pynvml.NVMLError:
             pass
         per_call.setdefault(name, []).append(time.thread_time() - started)

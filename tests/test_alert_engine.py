@@ -93,6 +93,35 @@ def test_pending_then_firing_after_for_then_resolved_after_clear_for() -> None:
                                           ("TestBelow", "resolved"): 1}
 
 
+def test_with_an_evaluation_interval_the_rules_are_judged_that_often() -> None:
+    """Every tick feeds the history; the rules run every 5 s (from the first tick): a condition is seen
+    at the first evaluation after it holds, and its for / clear_for are over at the first evaluation
+    after they have run from there."""
+    engine = AlertEngine([Below.configured(for_=5.0, clear_for=3.0)], hostname="node-a",
+                         evaluation_interval_seconds=5.0)
+    timeline = [(0.9, 0.9)] * 11 + [(0.9, 0.2)] * 10 + [(0.9, 0.9)] * 10
+    assert brief(drive(engine, timeline)) == [
+        (15, 1, None, "pending"),  # true from 11 s: seen at 15 s (every tick: pending at 11)
+        (20, 1, "pending", "firing"),  # still true 5 s later (every tick: firing at 16)
+        (30, 1, "firing", "resolved"),  # false from 21 s, seen at 25, for 3 s by 30 (every tick: 24)
+    ]
+    assert engine.history.latest(1) is not None and engine.history.latest(1).t == 30.0  # fed every tick
+
+
+def test_an_xid_or_a_gpu_going_down_is_judged_at_its_tick_whatever_the_interval() -> None:
+    from gpuscope.alerts.rules.xid_error import XidErrorRule
+
+    engine = AlertEngine([XidErrorRule.configured(), Below.configured()], hostname="node-a",
+                         evaluation_interval_seconds=5.0)
+    drive(engine, [(0.9, 0.9)] * 3)  # evaluated at 0 s only
+    xid = make_snapshot(gpus=[make_gpu(0, xid_errors={79: 1}), make_gpu(1, utilization_ratio=0.9)],
+                        monotonic=3.0, timestamp=WALL0 + 3.0)
+    assert brief(engine.observe(xid)) == [(3, 0, None, "firing")]
+    assert engine.observe(snap(4.0, None, 0.2)) != []  # GPU 0 down: judged, so GPU 1's low utilization too
+    assert [(a.name, a.gpu) for a in engine.alerts()] == [("GpuXidError", 0), ("TestBelow", 1)]
+    assert engine.observe(snap(5.0, None, 0.2)) == []  # nothing changed, 1 s after: not judged
+
+
 def test_alerts_reports_pending_and_firing_with_their_times() -> None:
     engine = AlertEngine([Below.configured(for_=5.0, clear_for=3.0)], hostname="node-a")
     source: AlertSource = engine  # what the outputs consume

@@ -10,9 +10,10 @@ from test_sampler import ManualClock, make_sampler, ticks
 
 from gpuscope.generated.kubelet.v1 import podresources_pb2
 from gpuscope.host.kubelet import gpu_allocations
+from gpuscope.sampling.sampler import Sampler
 from gpuscope.simulate import Simulation
 from gpuscope.simulate.loader import parse_scenario
-from gpuscope.snapshot import PodContainer
+from gpuscope.snapshot import PodContainer, Snapshot
 
 Start = Callable[..., Simulation]
 
@@ -252,3 +253,126 @@ def test_mig_mode_switched_while_running_is_followed(simulate: Start, clock: Man
     off = ticks(sampler, clock, until=9.0).gpus[0]
     assert not off.mig_enabled and off.utilization_samples  # read again: not left "unsupported"
     assert off.busy_seconds_total is not None and off.busy_seconds_total > before.busy_seconds_total
+
+
+def test_settings_are_read_with_the_health_readings_and_repeated_between(
+        simulate: Start, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The enforced power limit, the memory clock and the uncorrected ECC count are read once per
+    nvml.health_interval (an administrator's new limit shows at the next read), the readings that
+    follow the load (power draw, SM clock) every tick."""
+    import pynvml
+
+    simulate("""
+duration: 100s
+gpus:
+  - utilization: 1.0
+    phases:
+      - {from: 5s, power: {limit_w: 450}, clocks: {mem_mhz: 1593}}
+""")
+    asked: dict[str, int] = {}
+
+    def counting(name: str) -> Callable[..., object]:
+        real = getattr(pynvml, name)
+
+        def counted(*args: object) -> object:
+            asked[name] = asked.get(name, 0) + 1
+            return real(*args)
+        return counted
+
+    for name in ("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetPowerUsage"):
+        monkeypatch.setattr(pynvml, name, counting(name))
+    sampler = make_sampler(clock, health_interval_seconds=10.0)
+    first = sampler.tick().gpus[0]
+    assert (first.power_limit_watts, first.memory_clock_hertz) == (700.0, 2619e6)
+    assert first.ecc_uncorrected_errors_total == 0
+    before = _step(sampler, clock, 9).gpus[0]  # t = 10 s
+    # The limit changed at 5 s: still the value read at the start, as the clock and ECC count are.
+    assert (before.power_limit_watts, before.memory_clock_hertz) == (700.0, 2619e6)
+    assert before.ecc_uncorrected_errors_total == 0
+    assert before.power_watts is not None and before.power_watts <= 450.0  # the draw: every tick
+    assert asked == {"nvmlDeviceGetEnforcedPowerLimit": 1, "nvmlDeviceGetPowerUsage": 10,
+                     "nvmlDeviceGetTotalEccErrors": 2}  # corrected and uncorrected, once each
+    after = _step(sampler, clock, 1).gpus[0]  # 10 s after the first read
+    assert (after.power_limit_watts, after.memory_clock_hertz) == (450.0, 1593e6)
+    assert asked["nvmlDeviceGetEnforcedPowerLimit"] == 2
+
+
+def test_video_engines_are_read_every_tick_only_while_in_use(
+        simulate: Start, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle decoder is read with the health readings; one in use every tick, until it is idle."""
+    import pynvml
+
+    simulate("gpus: [{utilization: 0.5}]")
+    percent = [0]
+    asked = [0]
+
+    def decoder(_handle: object) -> list[int]:
+        asked[0] += 1
+        return [percent[0], 167_000]
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetDecoderUtilization", decoder)
+    sampler = make_sampler(clock, health_interval_seconds=10.0)
+    sampler.tick()
+    idle = _step(sampler, clock, 4).gpus[0]
+    assert idle.decoder_utilization_ratio == 0.0 and asked[0] == 1  # repeated between reads
+    percent[0] = 40  # the decoder starts: seen at the next health read, then every tick
+    assert _step(sampler, clock, 5).gpus[0].decoder_utilization_ratio == 0.0 and asked[0] == 1
+    seen = _step(sampler, clock, 1).gpus[0]
+    assert seen.decoder_utilization_ratio == pytest.approx(0.4) and asked[0] == 2
+    percent[0] = 70
+    busy = _step(sampler, clock, 2).gpus[0]
+    assert busy.decoder_utilization_ratio == pytest.approx(0.7) and asked[0] == 4
+    percent[0] = 0
+    assert _step(sampler, clock, 1).gpus[0].decoder_utilization_ratio == 0.0 and asked[0] == 5
+    _step(sampler, clock, 5)
+    assert asked[0] == 5  # idle again: not read until the next health read
+
+
+def _step(sampler: Sampler, clock: ManualClock, seconds: int) -> Snapshot:
+    """One tick a second for ``seconds`` seconds, from a second after now."""
+    for _ in range(seconds):
+        clock.now += 1.0
+        snapshot = sampler.tick()
+    return snapshot
+
+
+def test_gpm_sampled_every_gpm_interval_keeps_its_active_time_exact(
+        simulate: Start, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPM sampled every 5 s: its ratios are the means since the previous sample, repeated on the ticks
+    between, and the SM and tensor active seconds are those of a GPU sampled every tick."""
+    import pynvml
+
+    simulate("""
+duration: 100s
+gpus:
+  - utilization: {pattern: steps, period: 3s, busy_fraction: 0.5, busy_level: 1.0, idle_level: 0.0}
+""")
+    samples = [0]
+    real = pynvml.nvmlGpmSampleGet
+
+    def counted(*args: object) -> object:
+        samples[0] += 1
+        return real(*args)
+
+    every_tick = make_sampler(clock)
+    every_5s = make_sampler(clock, gpm_interval_seconds=5.0)
+    every_tick.tick()
+    monkeypatch.setattr(pynvml, "nvmlGpmSampleGet", counted)
+    first = every_5s.tick().gpus[0]
+    assert first.sm_active_ratio is None and samples[0] == 1  # one sample: no ratio yet
+    by_tick = []
+    for _ in range(20):  # 20 s: GPM sampled again at 5, 10, 15 and 20 s after the first
+        clock.now += 1.0
+        monkeypatch.setattr(pynvml, "nvmlGpmSampleGet", real)
+        exact = every_tick.tick().gpus[0]
+        monkeypatch.setattr(pynvml, "nvmlGpmSampleGet", counted)
+        by_tick.append(every_5s.tick().gpus[0])
+    assert samples[0] == 5
+    assert by_tick[3].sm_active_ratio is None and by_tick[4].sm_active_ratio is not None
+    assert by_tick[5].sm_active_ratio == by_tick[8].sm_active_ratio == by_tick[4].sm_active_ratio
+    assert by_tick[8].sm_active_seconds_total == by_tick[4].sm_active_seconds_total  # counted once
+    # Both cover the same 20 s: the same busy SM-seconds (steps of 3 s against samples 5 s apart).
+    last = by_tick[-1]
+    assert exact.sm_active_seconds_total and 2.0 < exact.sm_active_seconds_total < 18.0
+    assert last.sm_active_seconds_total == pytest.approx(exact.sm_active_seconds_total, rel=1e-6)
+    assert last.tensor_active_seconds_total == pytest.approx(exact.tensor_active_seconds_total, rel=1e-6)

@@ -50,7 +50,8 @@ def replay_recording(recording: dict[str, Any]) -> Iterator[Replayed]:
     library = ReplayLibrary(recording)
     install(library)
     now = [0.0]
-    # The H200 recordings predate the health and throttle readings: a replay asks what was asked then.
+    # The H200 recordings predate the health and throttle readings: a replay asks what was asked then,
+    # and each read asks for the settings (power limit, memory clock, ...) that were then read every tick.
     health = recording.get("health_readings", False)
     try:
         nvml = Nvml(clock=lambda: now[0])
@@ -58,7 +59,8 @@ def replay_recording(recording: dict[str, Any]) -> Iterator[Replayed]:
         devices = nvml.devices()
         readings = []
         for _ in recording["readings"]:
-            readings.append([nvml.read(device, health=health, throttle=health) for device in devices])
+            readings.append([nvml.read(device, health=health, throttle=health, settings=True)
+                             for device in devices])
             now[0] += recording["read_interval_s"]
         yield Replayed(recording, library, nvml, devices, readings)
         nvml.shutdown()

@@ -25,6 +25,11 @@ class AlertmanagerConfig(Section):
 
 class AlertingConfig(Section):
     enabled: bool = True
+    evaluation_interval: Duration = Field(5.0, ge=0.0, le=60.0, description=(
+        "Time between evaluations of the rules (0: every sample); every sample still feeds their "
+        "history. Their windows and for durations are minutes; a transition comes less than two of "
+        "these intervals later (a condition is seen at the next evaluation, for and clear_for end at "
+        "one). An Xid event, or a GPU going down or coming back, is evaluated at the sample it shows in."))
     rules: RulesConfig = Field(default_factory=RulesConfig)
     event_log: EventLogConfig = Field(default_factory=EventLogConfig)
     alertmanager: AlertmanagerConfig = Field(default_factory=AlertmanagerConfig)

@@ -1,4 +1,12 @@
-"""The alert engine: feeds the history, evaluates every rule each tick, and owns the alert states.
+"""The alert engine: feeds the history each tick, evaluates every rule, and owns the alert states.
+
+The rules judge windows of minutes, so with ``evaluation_interval_seconds`` they are evaluated that
+often rather than every tick (the history is fed every tick all the same): a condition is seen at
+the first evaluation after it holds (or stops holding), and ``for`` and ``clear_for`` run from that
+evaluation to the first one at which they are over, so a transition comes less than two intervals
+later than it would at every tick; a firing alert's evidence is refreshed at each evaluation. A
+tick at which something the rules answer at once changes (a GPU's Xid count, a GPU down or back,
+NVML up or down) is evaluated as it comes.
 
 One state machine per (rule, GPU), and per (rule, MIG device) for the rules that judge the MIG devices
 of a GPU in MIG mode (``Rule.evaluate_instances``; keyed by ``InstanceKey``)::
@@ -92,7 +100,7 @@ class AlertEngine:
     """Implements ``AlertSource``. Feed it with ``observe(snapshot)`` (e.g. as a sampler listener)."""
 
     def __init__(self, rules: Sequence[Rule[Any]], *, hostname: str,
-                 health: SourceHealth | None = None) -> None:
+                 health: SourceHealth | None = None, evaluation_interval_seconds: float = 0.0) -> None:
         names = [r.name for r in rules]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate rule names: {names}")
@@ -109,6 +117,9 @@ class AlertEngine:
         self._counts: dict[tuple[str, TransitionState], int] = {}
         self._wall = 0.0  # the current snapshot's timestamp: the transitions' time
         self._failing: set[str] = set()  # rules whose evaluation raised (logged once until it recovers)
+        self._evaluate_every = evaluation_interval_seconds
+        self._evaluated_at: float | None = None  # monotonic: the last evaluation's snapshot
+        self._evaluated_events: tuple[Any, ...] | None = None  # _events() at the last evaluation
 
     # ------------------------------------------------------------ AlertSource
 
@@ -138,6 +149,15 @@ class AlertEngine:
         history = self.history
         history.observe(snapshot)
         now = snapshot.monotonic
+        if self._evaluate_every > 0:
+            events = _events(snapshot)
+            # Ticks come a little early or late: half an interval of slack keeps "every 5 s" from
+            # becoming every 6.
+            due = self._evaluate_every - snapshot.interval_seconds / 2
+            if (self._evaluated_at is not None and now - self._evaluated_at < due
+                    and events == self._evaluated_events):
+                return []
+            self._evaluated_at, self._evaluated_events = now, events
         wall = self._wall = snapshot.timestamp
         ended: dict[str, list[_Ended]] = {}
         failed = False
@@ -273,6 +293,12 @@ def _evaluate(rule: Rule[Any], history: NodeHistory, states: Mapping[AlertKey, _
         for device, condition in rule.evaluate_instances(history, active).items():
             conditions[device] = condition
     return conditions
+
+
+def _events(snapshot: Snapshot) -> tuple[Any, ...]:
+    """What an alert answers at the tick it changes at, whatever the evaluation interval: each GPU's
+    Xid counts and whether it is up, and whether NVML is."""
+    return snapshot.nvml_up, tuple([(g.index, g.up, g.xid_errors) for g in snapshot.gpus])
 
 
 def _order(item: tuple[AlertKey, _State]) -> tuple[int, str]:

@@ -26,7 +26,6 @@ from gpuscope.nvml.decoding import (
     new_process_samples,
     new_utilization_samples,
     running_processes,
-    uncorrected_ecc_errors,
 )
 from gpuscope.nvml.device import NvmlDevice
 from gpuscope.nvml.errors import GpuLostError, NvmlEnumerationError, NvmlError, NvmlUnavailable, describe
@@ -148,22 +147,31 @@ class Nvml:
     # ---------------------------------------------------------------- readings
 
     def read(self, device: NvmlDevice, *, energy: bool = True, samples: bool = True, health: bool = True,
-             throttle: bool = True, nvlink_per_link: bool = False) -> DeviceReadings:
+             throttle: bool = True, nvlink_per_link: bool = False, settings: bool | None = None,
+             gpm: bool = True) -> DeviceReadings:
         """All of one GPU's readings for this tick. The energy counter only with ``energy``, the
         utilization samples only with ``samples`` (the first read takes them regardless): on some
-        drivers these two cost more than all the others. The health readings only with ``health``,
-        the throttle counters only with ``throttle``; between reads the last values are repeated.
+        drivers these two cost more than all the others. A GPM sample only with ``gpm``: its ratios
+        cover the time since the previous sample and are repeated until the next. The health
+        readings only with ``health``, the throttle counters only with ``throttle``, the slow
+        settings (health.read_settings) and the idle video engines' utilization only with
+        ``settings`` (by default: with ``health``); between reads the last values are repeated.
         ``nvlink_per_link`` adds the NVLink counters of each link. Raises GpuLostError if the GPU is
         gone."""
         try:
             if health:
                 self._follow_mig_mode(device)
-            r = self._read(device, energy, samples)
+            r = self._read(device, energy, samples, gpm)
             cache = device.health
             if throttle:
                 health_readings.read_throttle(self.query, device)
             if health:
                 health_readings.read_health(self.query, device, per_link=nvlink_per_link)
+            if health if settings is None else settings:
+                health_readings.read_settings(self.query, device)
+                health_readings.read_video(self.query, device)
+            elif cache.video_in_use:
+                health_readings.read_video(self.query, device)
             (r.nvlink_transmit_bytes_total, r.nvlink_receive_bytes_total,
              r.nvlink_link_bytes) = health_readings.read_nvlink_data(self.query, device, nvlink_per_link)
             for name, value in cache.values.items():
@@ -195,7 +203,8 @@ class Nvml:
                 gpm.free(state)
             device.switch_mig_mode(enabled)
 
-    def _read(self, device: NvmlDevice, read_energy: bool, read_samples: bool) -> DeviceReadings:
+    def _read(self, device: NvmlDevice, read_energy: bool, read_samples: bool, read_gpm: bool,
+              ) -> DeviceReadings:
         if device.handle is None or not device.identity.uuid:
             try:
                 self.refresh_identity(device)
@@ -222,8 +231,6 @@ class Nvml:
         r.utilization_samples_from_history = first_samples and device.samples_read
         power = query(device, "power", pynvml.nvmlDeviceGetPowerUsage, h)
         r.power_watts = None if power is None else power / 1000.0
-        limit = query(device, "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
-        r.power_limit_watts = None if limit is None else limit / 1000.0
         if read_energy:
             energy = query(device, "energy", pynvml.nvmlDeviceGetTotalEnergyConsumption, h)
             r.energy_counter_joules = None if energy is None else energy / 1000.0
@@ -231,20 +238,15 @@ class Nvml:
         r.temperature_celsius = None if temp is None else float(temp)
         sm = query(device, "sm_clock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
         r.sm_clock_hertz = None if sm is None else sm * 1e6
-        memclk = query(device, "memory_clock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM)
-        r.memory_clock_hertz = None if memclk is None else memclk * 1e6
         r.clock_event_mask = query(device, "clock_events", clock_event_reasons, h)
         r.pcie = self._pcie(device)
-        r.ecc_uncorrected_errors_total = query(device, "ecc", uncorrected_ecc_errors, h)
-        activity = gpm.device_metrics(query, self._clock(), device)
-        if activity is not None and activity[0]:
-            for name, value in activity[0].items():
-                setattr(r, name, value)
-            r.gpm_interval_seconds = activity[1]
-        r.encoder_utilization_ratio = self._video(device, "encoder_utilization",
-                                                  pynvml.nvmlDeviceGetEncoderUtilization)
-        r.decoder_utilization_ratio = self._video(device, "decoder_utilization",
-                                                  pynvml.nvmlDeviceGetDecoderUtilization)
+        if read_gpm:  # else the ratios last read, with no interval: the time they cover is counted
+            activity = gpm.device_metrics(query, self._clock(), device)
+            device.gpm.ratios = activity[0] if activity is not None else {}
+            if activity is not None and activity[0]:
+                r.gpm_interval_seconds = activity[1]
+        for name, value in device.gpm.ratios.items():
+            setattr(r, name, value)
         r.nvml_processes = self._processes(device)
         first_process_samples = not device.process_samples_read
         r.new_process_samples = self._process_utilization(device)
@@ -322,11 +324,6 @@ class Nvml:
         if tx is None or rx is None:
             return None
         return PcieReading(False, tx * 1024.0, rx * 1024.0)
-
-    def _video(self, device: NvmlDevice, reading: str, call: Callable[[Any], list[int]]) -> float | None:
-        """An encoder or decoder utilization: [percent, sampling period µs] -> a ratio."""
-        answer = self.query(device, reading, call, device.handle)
-        return None if answer is None else answer[0] / 100.0
 
     def _processes(self, device: NvmlDevice) -> list[RawProcess]:
         h = device.handle

@@ -9,6 +9,7 @@ type is not laid out as expected (another pynvml), the layout is None and fields
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import pynvml
@@ -112,11 +113,6 @@ def clock_event_reasons(handle: Any) -> int:
         return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
 
-def uncorrected_ecc_errors(handle: Any) -> int:
-    return int(pynvml.nvmlDeviceGetTotalEccErrors(
-        handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC))
-
-
 def running_processes(handle: Any, kind: ProcessKind) -> list[RawProcess]:
     if kind == "compute":
         v3, v2 = pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetComputeRunningProcesses_v2
@@ -148,3 +144,20 @@ def field_values(values: Any) -> list[float | None]:
             else float(value) if value_type == ull
             else sample_value(value_type, values[i].value)  # another member of the union: by name
             for i, (value_type, ret, value) in enumerate(rows)]
+
+
+def field_array(request: tuple[tuple[int, int], ...]) -> Any:
+    """A field-values array with these (fieldId, scopeId) pairs set, for ``fill_field_values``."""
+    array = (pynvml.c_nvmlFieldValue_t * len(request))()
+    for slot, (field_id, scope) in zip(array, request, strict=True):
+        slot.fieldId, slot.scopeId = field_id, scope
+    return array
+
+
+def fill_field_values(handle: Any, array: Any) -> Any:
+    """nvmlDeviceGetFieldValues into an array made once by ``field_array``: the call pynvml's wrapper
+    makes, without the new array type, array and ids it makes and sets for each call (for a request
+    asked every tick). The driver writes each field's status and value; the ids stay."""
+    function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    pynvml._nvmlCheckReturn(function(handle, ctypes.c_int32(len(array)), ctypes.byref(array)))
+    return array

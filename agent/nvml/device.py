@@ -18,6 +18,8 @@ class GpmState:
     samples: list[Any] | None = None  # [previous, current], allocated on first use
     previous_at: float | None = None
     request: Any = None  # the nvmlGpmMetricsGet request, metric ids filled in once
+    # The ratios last computed (a whole GPU's, read every nvml.gpm_interval): repeated between reads.
+    ratios: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -33,7 +35,8 @@ class HealthCache:
 
     values: dict[str, Any] = field(default_factory=dict)
     nvlink_links: int | None = None  # links the GPU has (None until read; 0 without NVLink)
-    nvlink_request: tuple[tuple[int, int], ...] | None = None  # the data counters' field request
+    nvlink_request: Any = None  # the data counters' field-values array (decoding.field_array)
+    video_in_use: bool = False  # an encoder or decoder was busy at the last read: read every tick
 
 
 class NvmlDevice:
@@ -78,5 +81,6 @@ class NvmlDevice:
     def forget_gpm(self) -> None:
         """GPM counters across a time the GPU was lost mean nothing: the next sample starts afresh."""
         self.gpm.previous_at = None
+        self.gpm.ratios = {}
         for state in self.mig_gpm.values():
             state.previous_at = None

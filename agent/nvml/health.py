@@ -1,12 +1,14 @@
-"""The hardware health readings: throttle (violation) time, row remapping, corrected ECC, PCIe replays
-and errors, memory temperature, and NVLink (links, data counters, errors).
+"""The hardware health readings: throttle (violation) time, row remapping, ECC, PCIe replays and
+errors, memory temperature, and NVLink (links, data counters, errors); and the settings that change
+as seldom: the enforced power limit and the memory clock; and the video engines' utilization.
 
 These change slowly, and some cost far more than a tick's other calls (a violation counter is a few
 hundred microseconds to a millisecond of CPU per call on a recent driver), so the sampler asks for
 them on their own intervals: the throttle counters every ``nvml.throttle_interval``, the others every
 ``nvml.health_interval``, and a tick in between repeats the last values (``HealthCache``). Only the
 NVLink data counters, which rate() turns into bandwidth, are read every tick, and only on a GPU with
-links. Most of them come from one nvmlDeviceGetFieldValues call, each field with its own status.
+links; and the video engines while one is in use (see ``read_video``). Most of the health readings
+come from one nvmlDeviceGetFieldValues call, each field with its own status.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import pynvml
 
-from gpuscope.nvml.decoding import field_values
+from gpuscope.nvml.decoding import field_array, field_values, fill_field_values
 from gpuscope.nvml.device import NvmlDevice
 from gpuscope.nvml.errors import GpuLostError, describe
 
@@ -109,6 +111,36 @@ def read_health(query: Query, device: NvmlDevice, *, per_link: bool) -> None:
     _read_nvlink(query, device, link_count, link_errors, per_link)
 
 
+def read_settings(query: Query, device: NvmlDevice) -> None:
+    """What changes as seldom as the health readings and is read with them, into the device's health
+    cache: the enforced power limit and the memory clock, which an administrator (or the driver's
+    P-state) changes rarely (the power draw, SM clock and clock event reasons that follow them are
+    read every tick), and the uncorrected ECC count (an uncorrected error also raises an Xid event,
+    48, 63 or 64, which is counted as it comes)."""
+    h, values = device.handle, device.health.values
+    limit = query(device, "power_limit", pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
+    _put(values, "power_limit_watts", None if limit is None else limit / 1000.0)
+    clock = query(device, "memory_clock", pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM)
+    _put(values, "memory_clock_hertz", None if clock is None else clock * 1e6)
+    uncorrected = query(device, "ecc", pynvml.nvmlDeviceGetTotalEccErrors, h,
+                        pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)
+    _put(values, "ecc_uncorrected_errors_total", None if uncorrected is None else int(uncorrected))
+
+
+def read_video(query: Query, device: NvmlDevice) -> None:
+    """The encoder's and decoder's utilization, into the device's health cache: read with the health
+    readings, and every tick while either was in use at its last read. A GPU of a training node never
+    uses them (two calls a tick saved); one that transcodes is followed tick by tick, and an engine
+    that starts is seen at the next health read."""
+    values = device.health.values
+    for reading, call in (("encoder_utilization", pynvml.nvmlDeviceGetEncoderUtilization),
+                          ("decoder_utilization", pynvml.nvmlDeviceGetDecoderUtilization)):
+        answer = query(device, reading, call, device.handle)  # [percent, sampling period µs]
+        _put(values, f"{reading}_ratio", None if answer is None else answer[0] / 100.0)
+    device.health.video_in_use = bool(values.get("encoder_utilization_ratio")
+                                      or values.get("decoder_utilization_ratio"))
+
+
 def _read_nvlink(query: Query, device: NvmlDevice, link_count: float | None,
                  link_errors: list[float | None], per_link: bool) -> None:
     values = device.health.values
@@ -194,8 +226,8 @@ def read_nvlink_data(query: Query, device: NvmlDevice, per_link: bool,
         return None, None, None
     request = device.health.nvlink_request
     if request is None or len(request) != (2 + 2 * links if per_link else 2):
-        request = device.health.nvlink_request = nvlink_data_request(links, per_link)
-    answer = query(device, "nvlink_data", pynvml.nvmlDeviceGetFieldValues, device.handle, request)
+        request = device.health.nvlink_request = field_array(nvlink_data_request(links, per_link))
+    answer = query(device, "nvlink_data", fill_field_values, device.handle, request)
     if answer is None:
         return None, None, None
     values = field_values(answer)

@@ -93,7 +93,9 @@ class DeviceReadings:
     # this GPU does not report them (not supported, MIG) or the call failed.
     new_process_samples: dict[int, tuple[tuple[int, float], ...]] | None = None
     process_samples_from_history: bool = False  # as utilization_samples_from_history
-    # Plain readings: the Snapshot's fields of the same names.
+    # Plain readings: the Snapshot's fields of the same names. power_limit_watts, memory_clock_hertz,
+    # ecc_uncorrected_errors_total and the video engines' ratios are read with the health readings
+    # (the video engines also every tick while in use, see health.read_video) and repeated between.
     memory_utilization_ratio: float | None = None
     memory_used_bytes: int | None = None
     memory_reserved_bytes: int | None = None
@@ -105,9 +107,10 @@ class DeviceReadings:
     memory_clock_hertz: float | None = None
     ecc_uncorrected_errors_total: int | None = None
     # The time between the two GPM samples the GPM ratios below cover, in seconds: consecutive readings
-    # cover consecutive intervals. None when there are no GPM ratios this tick.
+    # cover consecutive intervals. None when no GPM sample was taken this tick (nvml.gpm_interval: the
+    # ratios are then those of the last sample, repeated) or it gave no ratios.
     gpm_interval_seconds: float | None = None
-    # GPM (Hopper and newer; None elsewhere, on MIG, and on the first tick): ratios 0-1.
+    # GPM (Hopper and newer; None elsewhere, on MIG, and until two samples were taken): ratios 0-1.
     sm_active_ratio: float | None = None
     sm_occupancy_ratio: float | None = None
     tensor_active_ratio: float | None = None

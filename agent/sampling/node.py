@@ -56,6 +56,7 @@ class NodeSampling:
             samples_interval_seconds=settings.nvml.samples_interval,
             health_interval_seconds=settings.nvml.health_interval,
             throttle_interval_seconds=settings.nvml.throttle_interval,
+            gpm_interval_seconds=settings.nvml.gpm_interval,
             nvlink_per_link=settings.nvml.nvlink_per_link,
             stuck_after_seconds=settings.watchdog.stuck_after,
             unhealthy_after_seconds=settings.watchdog.unhealthy_after,

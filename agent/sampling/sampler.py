@@ -79,6 +79,7 @@ class _GpuState:
     samples_read_at: float | None = None  # when the utilization samples were last asked for
     health_read_at: float | None = None  # when the health readings were last asked for
     throttle_read_at: float | None = None  # when the throttle counters were last asked for
+    gpm_read_at: float | None = None  # when a GPM sample was last taken
     pcie_tx: RateIntegrator = field(default_factory=RateIntegrator)
     pcie_rx: RateIntegrator = field(default_factory=RateIntegrator)
     busy: GpuBusyTime = field(default_factory=GpuBusyTime)
@@ -114,6 +115,7 @@ class Sampler:
         samples_interval_seconds: float = 0.0,
         health_interval_seconds: float = 0.0,
         throttle_interval_seconds: float = 0.0,
+        gpm_interval_seconds: float = 0.0,
         nvlink_per_link: bool = False,
         stuck_after_seconds: float = 3.0,
         unhealthy_after_seconds: float = 30.0,
@@ -137,6 +139,7 @@ class Sampler:
         self._samples_every = max(0.0, samples_interval_seconds - interval_seconds / 2)
         self._health_every = max(0.0, health_interval_seconds - interval_seconds / 2)
         self._throttle_every = max(0.0, throttle_interval_seconds - interval_seconds / 2)
+        self._gpm_every = max(0.0, gpm_interval_seconds - interval_seconds / 2)
         self._nvlink_per_link = nvlink_per_link
         self._process_seconds = 0.0  # this tick's time in process mapping (part of every GPU's read)
 
@@ -393,14 +396,15 @@ class Sampler:
         read_samples = state.samples_read_at is None or now - state.samples_read_at >= self._samples_every
         read_health = state.health_read_at is None or now - state.health_read_at >= self._health_every
         read_throttle = state.throttle_read_at is None or now - state.throttle_read_at >= self._throttle_every
+        read_gpm = state.gpm_read_at is None or now - state.gpm_read_at >= self._gpm_every
         try:
             raw: DeviceReadings | None = self._nvml.read(
                 device, energy=read_energy, samples=read_samples, health=read_health, throttle=read_throttle,
-                nvlink_per_link=self._nvlink_per_link)
+                gpm=read_gpm, nvlink_per_link=self._nvlink_per_link)
         except GpuLostError as err:
             raw = None
             # What the boundary dropped at the loss is read again as soon as the GPU is back.
-            state.health_read_at = state.throttle_read_at = None
+            state.health_read_at = state.throttle_read_at = state.gpm_read_at = None
             if not state.lost:
                 log.warning("GPU %d (%s) is lost: %s; the other GPUs keep reporting",
                             ident.index, ident.uuid, err)
@@ -426,6 +430,8 @@ class Sampler:
             state.health_read_at = now
         if read_throttle:
             state.throttle_read_at = now
+        if read_gpm:
+            state.gpm_read_at = now
         return self._to_reading(device, raw, state, xids, now)
 
     def _down(self, device: NvmlDevice, xids: dict[int, int], state: _GpuState) -> GpuReading:
