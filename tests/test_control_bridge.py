@@ -172,3 +172,16 @@ def test_unknown_methods_and_calls_beyond_the_limit_are_refused(ends: Ends,
     end.send({"call": 3, "method": "alerts_json", "args": {}})
     assert end.receive() == {"answer": 3, "error": ["RESOURCE_EXHAUSTED",
                                                     "1 calls are already in progress on this agent"]}
+
+
+def test_a_method_that_fails_ends_its_call(ends: Ends, monkeypatch: pytest.MonkeyPatch,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    def broken() -> bytes:
+        raise RuntimeError("a defect")
+
+    monkeypatch.setattr(ends.agent._methods, "alerts_json", broken)
+    remote = RemoteMethods(ends.server_end, info={})
+    with caplog.at_level(logging.ERROR), pytest.raises(ApiError) as failed:
+        remote.alerts_json()
+    assert (failed.value.code, failed.value.message) == ("INTERNAL", "RuntimeError: a defect")
+    assert "control API: alerts_json failed" in caplog.text

@@ -198,6 +198,9 @@ class AgentBridge:
             answer = {"answer": call_id, "error": [err.code, err.message]}
         except (TypeError, ValueError, KeyError) as err:  # arguments this protocol never sends
             answer = {"answer": call_id, "error": ["INTERNAL", f"a malformed call: {err}"]}
+        except Exception as err:  # a defect: the call ends with it rather than wait for its client's deadline
+            log.exception("control API: %s failed", message.get("method"))
+            answer = {"answer": call_id, "error": ["INTERNAL", f"{type(err).__name__}: {err}"]}
         finally:
             with self._lock:
                 self._calls.pop(call_id, None)

@@ -115,9 +115,9 @@ class OnDemandControlServer:
         if stopping:
             server.stop()
             return
+        log.info("control API: its server process (pid %d) serves unix:%s", server.pid, self._config.socket)
         if server.closed.is_set():  # it ended before it was recorded as the one serving
             self._server_closed(server)
-        log.info("control API: its server process (pid %d) serves unix:%s", server.pid, self._config.socket)
         # Connections queued here before the rename: relayed to the server now at the path.
         listener.setblocking(False)
         while True:
@@ -163,7 +163,7 @@ class OnDemandControlServer:
                 log.warning("control API: cannot take its socket back from its server process (pid %d): %s",
                             server.pid, err)
                 if why == "idle":
-                    return False  # it goes on serving, and says it is idle no more
+                    return False  # it goes on serving, and says so again after another idle time
                 self._server = None
                 return False
             self._server, self._listener, self._identity = None, listener, identity
