@@ -4,10 +4,12 @@ grid, busy for the pattern's level, phases, loops, start and stop."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from gpuscope.simulate.loader import parse_scenario
+from gpuscope.simulate.traced_work import compute_until
 from gpuscope.simulate.work_shape import FULL_FILL, STEP_S, Step, WorkShape, work_spec
 
 
@@ -116,3 +118,8 @@ gpus:
     assert shape.step_at(6.0).fill == pytest.approx(0.2)  # busy, but most SMs empty
     alone = shape_of("duration: 10s\ngpus:\n  - utilization: 0.8\n    processes: [{name: p, spawn: true}]\n")
     assert alone.step_at(1.0).device_until == pytest.approx(alone.step_at(1.0).busy_until)
+
+
+def test_a_compute_span_of_a_process_woken_late_still_computes() -> None:
+    assert compute_until(time.monotonic() - 1.0) == 1  # its deadline passed before it ran
+    assert compute_until(time.monotonic() + 0.05) > 1
