@@ -10,7 +10,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import cast
 
 import pytest
 from snapshots import FakeSource
@@ -90,10 +90,10 @@ class Active:
         return self.active
 
 
-def test_a_client_that_goes_away_cancels_its_wait_in_the_agent(ends: Ends) -> None:
-    remote = RemoteMethods(ends.server_end, info={})
-    context = Active()
-    outcome: list[Any] = []
+def waiting_capture(ends: Ends, remote: RemoteMethods, context: Active) -> tuple[threading.Thread, list[str]]:
+    """A Capture call of pid 42 on a thread, returned once the agent's service has it (it never
+    finishes); the list gets the status code it ends with."""
+    outcome: list[str] = []
 
     def capture() -> None:
         try:
@@ -103,9 +103,16 @@ def test_a_client_that_goes_away_cancels_its_wait_in_the_agent(ends: Ends) -> No
 
     caller = threading.Thread(target=capture)
     caller.start()
-    service = ends.service
-    while not service.submitted:
+    while not ends.service.submitted:
         threading.Event().wait(0.01)
+    return caller, outcome
+
+
+def test_a_client_that_goes_away_cancels_its_wait_in_the_agent(ends: Ends) -> None:
+    remote = RemoteMethods(ends.server_end, info={})
+    context = Active()
+    caller, outcome = waiting_capture(ends, remote, context)
+    service = ends.service
     context.active = False
     caller.join(5)
     assert outcome == ["CANCELLED"]
@@ -120,19 +127,7 @@ def test_a_client_that_goes_away_cancels_its_wait_in_the_agent(ends: Ends) -> No
 
 def test_the_agent_going_away_ends_waiting_calls_as_unavailable(ends: Ends) -> None:
     remote = RemoteMethods(ends.server_end, info={})
-    outcome: list[str] = []
-
-    def capture() -> None:
-        try:
-            remote.capture({"pid": 42}, user="unix", context=Active())
-        except ApiError as err:
-            outcome.append(err.code)
-
-    caller = threading.Thread(target=capture)
-    caller.start()
-    service = ends.service
-    while not service.submitted:
-        threading.Event().wait(0.01)
+    caller, outcome = waiting_capture(ends, remote, Active())
     ends.agent.close()
     caller.join(5)
     assert outcome == ["UNAVAILABLE"]

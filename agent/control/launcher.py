@@ -37,7 +37,6 @@ class ServerProcess:
         self._ready = threading.Event()
         self.closed = threading.Event()  # it has exited
         self._failure: str | None = None
-        self._on_idle = on_idle
         self._on_closed = on_closed
         self._bridge = AgentBridge(sock, methods, on_ready=self._ready_at, on_failed=self._failed,
                                    on_idle=lambda: on_idle(self), on_closed=self._closed)
