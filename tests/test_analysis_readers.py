@@ -414,14 +414,34 @@ def test_a_long_xspace_line_read_a_run_of_events_at_a_time_is_the_same(
 
 # --- bounds and malformed files --------------------------------------------------------------------
 
-@pytest.mark.parametrize("cut", [1, 40, 200, 0.5, -30, -2, -1])
-def test_a_truncated_kineto_trace_is_a_format_error(tmp_path: Path, cut: float) -> None:
+@pytest.mark.parametrize("cut", [1, 40, 120, -2, -1])
+def test_a_kineto_trace_cut_before_its_first_event_or_after_its_events_is_a_format_error(
+        tmp_path: Path, cut: int) -> None:
     text = json.dumps({"schemaVersion": 1, "traceEvents": kineto_gpu_events()}, indent=1)
+    assert text.index('"ph": "X"') > 120  # the cuts are before the first event that is read
     path = tmp_path / "cut.pt.trace.json"
-    path.write_text(text[:int(len(text) * cut) if isinstance(cut, float) else cut])
+    path.write_text(text[:cut])
     with pytest.raises(TraceFormatError, match=str(path)) as raised:
         read_kineto(path, chunk_chars=64)
     assert "character" in str(raised.value)
+
+
+@pytest.mark.parametrize("cut", [0.3, 0.5, 0.9])
+def test_a_kineto_trace_cut_inside_its_events_is_read_up_to_the_cut_and_marked(
+        tmp_path: Path, cut: float) -> None:
+    events = kineto_gpu_events()
+    text = json.dumps({"schemaVersion": 1, "traceEvents": events}, indent=1)
+    path = tmp_path / "cut.pt.trace.json"
+    kept = text[:int(len(text) * cut)]
+    path.write_text(kept)
+    whole = read_kineto(write_kineto(tmp_path / "whole.pt.trace.json", events))
+    trace = read_kineto(path, chunk_chars=64)
+    assert trace.truncated and not whole.truncated
+    assert 0 < trace.events_read <= whole.events_read
+    # Exactly the events that were whole before the cut.
+    complete = json.loads(kept[:kept.rindex("\n  }") + 4] + "]}")["traceEvents"]
+    assert trace.events_read == read_kineto(write_kineto(tmp_path / "kept.pt.trace.json",
+                                                         complete)).events_read
 
 
 @pytest.mark.parametrize("text", [

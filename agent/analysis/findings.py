@@ -23,6 +23,8 @@ IDLE_KINDS = ("input_bound", "host_bound", "host_sync", "launch_bound", "communi
 BUSY_KINDS = ("tensor_cores_idle", "costly_op", "layout_conversion", "small_grids", "optimizer_heavy")
 FINDING_KINDS = IDLE_KINDS + BUSY_KINDS
 HEALTHY = "healthy"
+UNREADABLE = "unreadable"  # nothing in the trace could be diagnosed
+INCONCLUSIVE = "inconclusive"  # no finding holds, and the trace shows too little to call it healthy
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,15 @@ version, device properties, distributed info ...) are small and may come before 
 Only complete events (``"ph": "X"``) of the categories below are kept; metadata, instant and flow
 events, and categories the analysis does not use (GPU-side annotations, overheads) are skipped.
 Host events are tracked by thread (``thread TID``), device events by stream (``GPU PID stream S``).
+
+The categories changed over PyTorch's versions: 1.8 and 1.9 write ``Operator``, ``Kernel``,
+``Runtime``, ``Memcpy``, ``Memset`` and ``Python``, with device threads named ``stream 7``; 1.10 and
+later ``cpu_op``, ``kernel``, ``cuda_runtime``, ``gpu_memcpy``, ``gpu_memset`` and ``python_function``.
+Both are read, by their lowercased name. A kernel's ``blocks per SM`` (1.10 and later) is computed
+from its ``grid`` and the GPU's ``numSms`` where an older trace gives only those.
+
+A trace cut off inside its event array (a profiler killed while writing, a partial download) is read
+up to the last whole event and marked ``truncated``; a file that is not a trace at all is an error.
 """
 
 from __future__ import annotations
@@ -33,19 +42,25 @@ MAX_VALUE_CHARS = 64 << 20
 
 BinaryFile = io.BufferedReader | gzip.GzipFile
 
+# By the category's lowercased name: PyTorch 1.8/1.9 capitalise theirs (``Operator``, ``Kernel`` ...).
 KIND_BY_CATEGORY = {
     "cpu_op": Kind.HOST_OP,
+    "operator": Kind.HOST_OP,  # PyTorch 1.8/1.9
     "user_annotation": Kind.HOST_OP,
     "python_function": Kind.PYTHON,
+    "python": Kind.PYTHON,  # PyTorch 1.8/1.9
     "cuda_runtime": Kind.RUNTIME,
     "cuda_driver": Kind.RUNTIME,
+    "runtime": Kind.RUNTIME,  # PyTorch 1.8/1.9
     "hip_runtime": Kind.RUNTIME,
     "kernel": Kind.KERNEL,
     "gpu_memcpy": Kind.MEMCPY,
+    "memcpy": Kind.MEMCPY,  # PyTorch 1.8/1.9
     "gpu_memset": Kind.MEMSET,
+    "memset": Kind.MEMSET,  # PyTorch 1.8/1.9
 }
 # Categories only PyTorch writes: seeing one names the framework.
-PYTORCH_CATEGORIES = frozenset({"cpu_op", "python_function"})
+PYTORCH_CATEGORIES = frozenset({"cpu_op", "operator", "python_function", "python"})
 
 PROFILER_STEP = re.compile(r"ProfilerStep#(\d+)")
 WHITESPACE = re.compile(r"[ \t\n\r]*")
@@ -69,6 +84,11 @@ def read_kineto(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES,
         raise TraceFormatError(f"{path}: corrupt gzip data: {error}") from error
     except UnicodeDecodeError as error:
         raise TraceFormatError(f"{path}: not UTF-8 text: {error}") from error
+    except TraceFormatError:
+        # Cut off inside the event array: what was read before the cut is a trace, marked so.
+        if not events.in_events or not trace.events_read:
+            raise
+        trace.truncated = True
     trace.finish()
     return trace
 
@@ -168,13 +188,17 @@ class KinetoEvents:
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
+        self.in_events = False  # reading the traceEvents array
+        self.sms = 0  # the GPU's multiprocessors, for the fill of kernels that give only their grid
 
     def add(self, event: Any) -> None:
         if not isinstance(event, dict) or event.get("ph") != "X":
             return
         category = event.get("cat")
-        kind = KIND_BY_CATEGORY.get(category) if isinstance(category, str) else None
+        category = category.lower() if isinstance(category, str) else ""
+        kind = KIND_BY_CATEGORY.get(category)
         if kind is None:
+            self.trace.skip(f"category {category!r}" if category else "no category")
             return
         start, dur = number(event.get("ts")), number(event.get("dur", 0))
         if start is None or dur is None:
@@ -185,7 +209,9 @@ class KinetoEvents:
         args = args if isinstance(args, dict) else {}
         if kind in DEVICE_KINDS:
             stream = args.get("stream", event.get("tid"))
-            fill = number(args.get("blocks per SM")) if kind is Kind.KERNEL else None
+            if isinstance(stream, str):  # PyTorch 1.8/1.9 name the device thread "stream 7"
+                stream = stream.removeprefix("stream ").strip()
+            fill = self.fill(args) if kind is Kind.KERNEL else None
             self.trace.add(kind, start, dur, name, f"GPU {event.get('pid')} stream {stream}",
                            corr=integer(args.get("correlation")), fill=-1.0 if fill is None else fill)
             self.trace.has_device = True
@@ -205,6 +231,19 @@ class KinetoEvents:
             self.trace.annotations.add(self.trace.name_id(name))
         self.trace.add(kind, start, dur, name, track)
 
+    def fill(self, args: dict[str, Any]) -> float | None:
+        """A kernel's thread blocks per multiprocessor: as the trace gives it, or from its grid."""
+        given = number(args.get("blocks per SM"))
+        if given is not None or not self.sms:
+            return given
+        grid = args.get("grid")
+        if not isinstance(grid, list) or not grid or not all(integer(g) > 0 for g in grid):
+            return None
+        blocks = 1
+        for g in grid:
+            blocks *= g
+        return blocks / self.sms
+
     def add_metadata(self, key: str, value: Any) -> None:
         """A top-level key other than ``traceEvents``: the GPU's properties, the clock's base."""
         if key == "deviceProperties" and value:
@@ -213,6 +252,8 @@ class KinetoEvents:
             major, minor = integer(first.get("computeMajor")), integer(first.get("computeMinor"))
             if major > 0:
                 self.trace.compute_capability = (major, max(minor, 0))
+            if not self.sms:
+                self.sms = max(integer(first.get("numSms")), 0)
         elif key == "baseTimeNanoseconds" and integer(value) > 0:
             self.trace.base_ns = integer(value)
 
@@ -245,7 +286,9 @@ def read_document(stream: TextStream, events: KinetoEvents) -> None:
                 raise stream.fail("expected a key")
             stream.expect(":")
             if key == "traceEvents":
+                events.in_events = True
                 read_events(stream, events)
+                events.in_events = False
                 seen_events = True
             else:
                 events.add_metadata(key, stream.value())

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Literal
 
@@ -45,6 +45,7 @@ class Kind(IntEnum):
 
 
 DEVICE_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
+MAX_SKIPPED_KINDS = 32
 EPOCH_2001_NS = 10**18  # September 2001: a time before it is not the Unix epoch's
 
 
@@ -116,6 +117,13 @@ class Trace:
     step_numbers: array[int] = field(default_factory=lambda: array("q"))  # per STEP span, -1 when unnumbered
     has_device: bool = False  # a GPU's activity was recorded (kernels, copies), even if none ran
     has_stacks: bool = False  # Python function events are present
+    truncated: bool = False  # the file ended inside its events: what came before the cut was read
+    # Device events per GPU ("GPU 0"), after ``finish``; a GPU the trace names without events (an
+    # XSpace plane with no kernels) counts 0.
+    devices: dict[str, int] = field(default_factory=dict)
+    # Events the reader saw and left out, by category (at most MAX_SKIPPED_KINDS of them): what an
+    # unreadable trace holds instead.
+    skipped: dict[str, int] = field(default_factory=dict)
     events_read: int = 0
     # Host operations that are the user's or the framework's annotations (PyTorch's user_annotation:
     # ``Optimizer.step#...``, ``record_function`` blocks), not operators: by name id.
@@ -149,6 +157,11 @@ class Trace:
                                 fill=fill)
         self.events_read += 1
 
+    def skip(self, category: str) -> None:
+        """Count an event that was seen and not kept."""
+        if category in self.skipped or len(self.skipped) < MAX_SKIPPED_KINDS:
+            self.skipped[category] = self.skipped.get(category, 0) + 1
+
     def add_step(self, start: float, dur: float, name: str, track: str, number: int = -1) -> None:
         self.add(Kind.STEP, start, dur, name, track)
         self.step_numbers.append(number)
@@ -170,6 +183,26 @@ class Trace:
         # where the trace lies beside another process's.
         self.epoch_ns = epoch_ns if epoch_ns >= EPOCH_2001_NS else None
         self.has_stacks = self.has_stacks or bool(len(self.spans[Kind.PYTHON]))
+        for kind in DEVICE_KINDS:
+            for track in self.spans[kind].track:
+                gpu = gpu_of(self.tracks[track])
+                self.devices[gpu] = self.devices.get(gpu, 0) + 1
+
+    def of_device(self, gpu: str) -> Trace:
+        """The same trace with only one GPU's device events (host events shared, not copied): a process
+        that drives several GPUs is read one GPU at a time, so that one GPU's work does not fill
+        another's idle time."""
+        spans = dict(self.spans)
+        tracks = [gpu_of(track) == gpu for track in self.tracks]
+        for kind in DEVICE_KINDS:
+            kept, source = Spans(), self.spans[kind]
+            for i in range(len(source)):
+                if tracks[source.track[i]]:
+                    kept.append(source.start[i], source.dur[i], source.name[i], source.track[i],
+                                corr=source.corr[i], fill=source.fill[i])
+            spans[kind] = kept
+        return replace(self, source=f"{self.source} [{gpu}]", spans=spans,
+                       devices={gpu: self.devices.get(gpu, 0)})
 
     def count(self, kind: Kind) -> int:
         return len(self.spans[kind])
@@ -181,7 +214,18 @@ class Trace:
             yield Span(kind, spans.start[i], spans.dur[i], names[spans.name[i]], tracks[spans.track[i]])
 
     @property
+    def active_devices(self) -> list[str]:
+        """The GPUs with device events, in order."""
+        return sorted((gpu for gpu, count in self.devices.items() if count),
+                      key=lambda gpu: (len(gpu), gpu))
+
+    @property
     def end(self) -> float:
         """The end of the last event, microseconds from the origin."""
         return max((max(s + d for s, d in zip(spans.start, spans.dur, strict=True))
                     for spans in self.spans.values() if len(spans)), default=0.0)
+
+
+def gpu_of(track: str) -> str:
+    """The GPU of a device track ("GPU 0 stream 7", "GPU 0 Stream #14(...)"): its first two words."""
+    return " ".join(track.split()[:2])

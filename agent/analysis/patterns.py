@@ -5,15 +5,28 @@ from __future__ import annotations
 
 import re
 
-# Host spans during which a step waits for its input.
+# Host spans during which a step waits for its input, wherever in the step they run: the framework's
+# input pipeline, and a model's own preprocessing (Hugging Face pipelines, processors and
+# tokenizers, torchvision transforms, video decoding) when it runs in the step's thread.
 INPUT_OP = re.compile(
     r"DataLoader.*__next__"  # PyTorch: enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__
     r"|Iterator::GetNext|IteratorGetNext|MultiDeviceIteratorGetNext"  # tf.data
-    r"|Infeed|TransferToInfeed",  # TPU/XLA infeed
+    r"|Infeed|TransferToInfeed"  # TPU/XLA infeed
+    r"|^(?:Pipeline\.)?preprocess\b|[Tt]okeniz|ImageProcessor|VideoProcessor|FeatureExtractor",
 )
 # Python frames of the same: a generator or iterator advanced by ``next`` (a Python loop that feeds
-# jitted calls), PyTorch's DataLoader.
-INPUT_PYTHON = re.compile(r"^builtins next$|dataloader\.py\(\d+\): __next__|\b__next__$")
+# jitted calls), a Dataset's ``__getitem__`` and the collate function, Hugging Face pipelines'
+# ``preprocess``, processors and tokenizers, torchvision's transforms and video readers.
+INPUT_PYTHON = re.compile(
+    r"^builtins next$|dataloader\.py\(\d+\): __next__|\b__next__$"
+    r"|^(?!.*\b(?:torch|numpy|jax|tensorflow|pandas)/(?!utils/data/)).*\): __getitem__$"
+    r"|collate\.py\(\d+\)|\): \w*collate\w*$"
+    r"|pipelines/\w+\.py\(\d+\): (?:preprocess|_preprocess|_sanitize_parameters)$"
+    r"|(?:image|video)_process\w*\.py\(\d+\)|feature_extraction\w*\.py\(\d+\)"
+    r"|processing_\w+\.py\(\d+\): __call__$"
+    r"|tokenization\w*\.py\(\d+\)|tokenizers/"
+    r"|torchvision/(?:transforms|io)/|decord|torchcodec|\bav/"
+)
 
 # Host operations that wait for the device: reading a value back (``.item()``, ``print``), or an
 # operation whose output size depends on the data (``nonzero``, ``unique``, boolean masks).

@@ -84,7 +84,9 @@ def _from_markers(trace: Trace) -> Steps | None:
             continue
         number = trace.step_numbers[i] if trace.step_numbers[i] >= 0 else len(steps)
         steps.append(Step(start, end, int(number)))
-    return Steps(tuple(steps), "markers", trace.names[spans.name[0]], spans.track[0])
+    # Steps the device marks (an XSpace GPU plane's Steps line) name no host thread that dispatches them.
+    track = -1 if trace.tracks[spans.track[0]].startswith("GPU ") else spans.track[0]
+    return Steps(tuple(steps), "markers", trace.names[spans.name[0]], track)
 
 
 def _from_optimizer(trace: Trace) -> Steps | None:

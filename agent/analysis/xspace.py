@@ -12,9 +12,12 @@ What is kept:
   runtime and driver calls, events that take time on XLA's CPU thread pools (lines ``tf_XLA...``,
   ``XLA...``, ``tf_Compute...``) are compiled computations, a root event with a ``step_num`` stat
   is a step (``StepTraceAnnotation``), and the rest are host operations; each on its thread's line.
-- ``/device:GPU:N``: the events of the physical streams (lines ``Stream #...``); the lines XProf
-  derives from them (XLA Modules, XLA Ops, Steps, TensorFlow Ops ...) repeat them and are skipped.
-- ``/host:metadata``: the framework's version stats name the framework.
+- ``/device:GPU:N``: the events of the physical streams (lines ``Stream #...``), each GPU apart;
+  the lines XProf derives from them (XLA Modules, XLA Ops, TensorFlow Ops ...) repeat them and are
+  skipped, except ``Steps``: the framework's own steps as the device ran them, used when the host
+  plane marks none. A GPU plane without stream events is kept as a GPU that ran nothing.
+- ``/host:metadata``: the framework's version stats name the framework; without them, what the
+  trace carries does (JAX's ``PjitFunction``, TensorFlow's op lines, threads and function calls).
 """
 
 from __future__ import annotations
@@ -42,6 +45,13 @@ HOST_PLANE = "/host:CPU"
 METADATA_PLANE = "/host:metadata"
 GPU_PLANE = re.compile(r"/device:GPU:(\d+)")
 STREAM_LINE_PREFIX = "Stream #"
+STEPS_LINE = "Steps"
+# Lines only TensorFlow writes: its op and name-scope lines (renamed "Framework ..." by newer
+# profilers, which JAX writes too). Thread names say little: XLA's thread pools, which JAX uses too,
+# are named "tf_..." by the library they share; only tf.data's are TensorFlow's (by JAX's PjitFunction
+# a JAX job that reads tf.data is still named JAX).
+TENSORFLOW_LINES = ("TensorFlow Ops", "TensorFlow Name Scope")
+TENSORFLOW_THREADS = ("tf_data_",)
 XLA_CPU_LINE_PREFIXES = ("tf_XLA", "XLA", "tf_Compute")
 NOT_COMPUTE_PREFIXES = ("end: ", "ThreadpoolListener::")
 CUDA_CALL = re.compile(r"cu(?:da|[A-Z])")
@@ -86,7 +96,7 @@ def read_xspace(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
     if not planes:
         raise TraceFormatError(f"{path}: not an XSpace (no planes)")
     if not trace.framework:  # a profile taken over the profiler server has no /host:metadata plane
-        trace.framework = _framework_from_names(trace.names)
+        trace.framework = _framework_from_names(trace.names) or _framework_from_lines(trace.tracks)
     trace.finish()  # XLine timestamps are nanoseconds since the Unix epoch: base_ns is one of them
     return trace
 
@@ -97,6 +107,15 @@ def _framework_from_names(names: list[str]) -> str:
         return "jax"
     if any(name.startswith(("__inference_", "EagerExecute", "EagerKernelExecute")) for name in names):
         return "tensorflow"
+    return ""
+
+
+def _framework_from_lines(tracks: list[str]) -> str:
+    """TensorFlow's op lines on a device or its own threads on the host name it."""
+    for track in tracks:
+        line = track.split(" ", 2)[2] if track.startswith("GPU ") and track.count(" ") >= 2 else track
+        if line in TENSORFLOW_LINES or line.startswith(TENSORFLOW_THREADS):
+            return "tensorflow"
     return ""
 
 
@@ -145,6 +164,8 @@ class XSpaceReader:
         self.data = data
         self.trace = trace
         self.base_ns: int | None = None  # the first line's start: times are kept small, and exact
+        # Each GPU plane's Steps line: (start, duration, name), used when the host marks no steps.
+        self.device_steps: dict[int, list[tuple[float, float, str]]] = {}
 
     def read(self) -> int:
         """Read every plane; how many there were."""
@@ -153,7 +174,18 @@ class XSpaceReader:
             if number == XSPACE_PLANES:
                 planes += 1
                 self.read_plane(start, end)
+        self.add_device_steps()
         return planes
+
+    def add_device_steps(self) -> None:
+        """The steps of the first GPU whose plane has a Steps line, when the host plane marked none:
+        the framework's own step boundaries, where nothing else would be left but to infer them."""
+        if self.trace.count(Kind.STEP) or not self.device_steps:
+            return
+        gpu = min(self.device_steps)
+        for start, dur, name in self.device_steps[gpu]:
+            number = int(name) if name.isdigit() else -1
+            self.trace.add_step(start, dur, name, f"GPU {gpu} {STEPS_LINE}", number=number)
 
     def read_plane(self, start: int, end: int) -> None:
         header: list[bytes] = []
@@ -172,9 +204,13 @@ class XSpaceReader:
         elif gpu:
             self.trace.has_device = True
             self.read_device_properties(plane)
-            device = DeviceEvents(plane, int(gpu.group(1)), self.trace)
+            index = int(gpu.group(1))
+            self.trace.devices.setdefault(f"GPU {index}", 0)
+            device = DeviceEvents(plane, index, self.trace, self.device_steps.setdefault(index, []))
             for line_start, line_end in lines:
                 self.read_line(line_start, line_end, device)
+            if not self.device_steps[index]:
+                del self.device_steps[index]
         elif plane.name == METADATA_PLANE:
             self.read_framework(plane)
 
@@ -331,14 +367,18 @@ class HostEvents:
 class DeviceEvents:
     """The events of one GPU's streams."""
 
-    def __init__(self, plane: xplane_pb2.XPlane, index: int, trace: Trace) -> None:
+    def __init__(self, plane: xplane_pb2.XPlane, index: int, trace: Trace,
+                 steps: list[tuple[float, float, str]]) -> None:
         self.plane = plane
         self.index = index
         self.trace = trace
+        self.steps = steps
         self.by_metadata: dict[int, tuple[Kind, str]] = {}
 
     def wants(self, line: xplane_pb2.XLine) -> bool:
-        return line.name.startswith(STREAM_LINE_PREFIX)
+        if line.name in TENSORFLOW_LINES:  # skipped, but it names the framework
+            self.trace.track_id(f"GPU {self.index} {line.name}")
+        return line.name.startswith(STREAM_LINE_PREFIX) or line.name == STEPS_LINE
 
     def classify(self, metadata_id: int) -> tuple[Kind, str]:
         found = self.by_metadata.get(metadata_id)
@@ -351,6 +391,12 @@ class DeviceEvents:
 
     def add(self, line: xplane_pb2.XLine, events: Iterable[xplane_pb2.XEvent],
             origin_us: float) -> None:
+        if line.name == STEPS_LINE:
+            for event in events:
+                if not is_aggregate(event):
+                    self.steps.append((origin_us + event.offset_ps / 1e6, event.duration_ps / 1e6,
+                                       event_name(self.plane, event.metadata_id)))
+            return
         track = f"GPU {self.index} {line.name}"
         for event in events:
             if is_aggregate(event):

@@ -1,0 +1,62 @@
+"""What a trace lets the diagnosis say: nothing (unreadable), part of the picture (partial), or all.
+
+A diagnosis never calls a trace healthy that it could not read: a trace of no events of a kind the
+readers know, or of no time to measure, is ``unreadable``. A trace that was read but misses part of
+what a verdict rests on is partial, and says what is missing:
+
+- GPUs the process drove (their planes are in the trace) that recorded no kernel while others did:
+  the capture caught some of the devices only;
+- a device that ran copies and no kernel: nothing of the model's work was recorded;
+- a file that ends inside its events: the rest of the recording is missing.
+
+A partial trace's findings are capped at ``moderate`` (what was seen holds, but not as the whole
+story), and where no finding holds its verdict is ``inconclusive``, not ``healthy``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuscope.analysis.model import Kind, Trace
+
+MAX_LISTED_DEVICES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    unreadable: str = ""  # why nothing could be read; "" when something was
+    partial: tuple[str, ...] = ()  # what is missing, in words; () for a whole trace
+
+    @property
+    def readable(self) -> bool:
+        return not self.unreadable
+
+
+def coverage(trace: Trace, step_time_us: float) -> Coverage:
+    """How much of the picture ``trace`` holds, given the step time the diagnosis found in it."""
+    if not trace.events_read:
+        skipped = ", ".join(f"{name} ({count})" for name, count in
+                            sorted(trace.skipped.items(), key=lambda kv: -kv[1])[:5])
+        found = (f"its events are of kinds the readers do not use: {skipped}" if skipped
+                 else "it holds no events")
+        return Coverage(unreadable=f"Nothing to diagnose: {found}.")
+    if step_time_us <= 0:
+        return Coverage(unreadable="Nothing to diagnose: the trace's events take no time.")
+    if not any(trace.count(kind) for kind in (Kind.HOST_OP, Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET,
+                                              Kind.CPU_COMPUTE, Kind.STEP)):
+        return Coverage(unreadable="Nothing to diagnose: the trace has neither framework operations "
+                                   "nor device activity (only runtime calls or Python frames).")
+    partial = []
+    idle_devices = [gpu for gpu, count in trace.devices.items() if not count]
+    if idle_devices and trace.active_devices:
+        listed = ", ".join(sorted(idle_devices, key=lambda gpu: (len(gpu), gpu))[:MAX_LISTED_DEVICES])
+        more = "" if len(idle_devices) <= MAX_LISTED_DEVICES else f" and {len(idle_devices) - 8} more"
+        partial.append(f"{len(idle_devices)} of the {len(trace.devices)} GPUs in the trace recorded no "
+                       f"device activity ({listed}{more}): the capture caught part of the devices, or the "
+                       "job uses only some of them.")
+    if trace.has_device and trace.active_devices and not trace.count(Kind.KERNEL):
+        partial.append("The device ran copies and no kernel: none of the model's work was recorded.")
+    if trace.truncated:
+        partial.append("The file ends inside its events (cut off while being written or copied): the "
+                       "last part of the recording is missing.")
+    return Coverage(partial=tuple(partial))
