@@ -61,6 +61,12 @@ def test_verdicts_that_account_for_their_alert_and_those_that_make_no_claim() ->
     busy = alert_context(record(LOW, "tensor_cores_idle"))
     assert busy is not None and busy.accounts is False
     assert "tensor_cores_idle, which is about another part of the job's time" in busy.text
+    # A capture that could not be read, or only in part, explains nothing and says so.
+    for verdict in ("inconclusive", "unreadable"):
+        unsure = alert_context(record(LOW, verdict))
+        assert unsure is not None and unsure.accounts is False
+        assert f"nothing conclusive (its verdict is {verdict}" in unsure.text
+        assert "this capture does not explain the alert" in unsure.text
     # No claim either way: no verdict yet, or a rule the verdicts do not speak of.
     assert alert_context(record(LOW, None)).accounts is None  # type: ignore[union-attr]
     xid = alert_context(record(Trigger("alert", alertname="GpuXidError", judged_since=FIRED,

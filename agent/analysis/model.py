@@ -201,8 +201,8 @@ class Trace:
                     kept.append(source.start[i], source.dur[i], source.name[i], source.track[i],
                                 corr=source.corr[i], fill=source.fill[i])
             spans[kind] = kept
-        return replace(self, source=f"{self.source} [{gpu}]", spans=spans,
-                       devices={gpu: self.devices.get(gpu, 0)})
+        # ``devices`` stays the trace's: GPUs that ran nothing still say the capture caught part of them.
+        return replace(self, source=f"{self.source} [{gpu}]", spans=spans)
 
     def count(self, kind: Kind) -> int:
         return len(self.spans[kind])

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuscope.alerts.model import Transition
-from gpuscope.analysis.findings import BUSY_KINDS, HEALTHY, IDLE_KINDS
+from gpuscope.analysis.findings import BUSY_KINDS, HEALTHY, IDLE_KINDS, INCONCLUSIVE, UNREADABLE
 from gpuscope.capture.model import Trigger
 from gpuscope.common.durations import format_duration
 
@@ -107,6 +107,8 @@ def _text(alertname: str, judged: str, captured: str, *, start: float | None, un
         return f"{spans}. Its verdict, {verdict}, accounts for the alert."
     evidence = f" The alert's evidence stands: {summary}." if isinstance(summary, str) and summary else ""
     found = ("no finding over its threshold" if verdict == HEALTHY
+             else f"nothing conclusive (its verdict is {verdict}: the trace was read only in part, or not "
+                  "at all)" if verdict in (INCONCLUSIVE, UNREADABLE)
              else f"{verdict}, which is about another part of the job's time than the alert")
     return (f"{spans}. In the capture the job showed {found}: this capture does not explain the alert. "
             "The job likely behaved otherwise in the minutes the alert judged (e.g. start-up: model "
