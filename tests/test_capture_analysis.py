@@ -154,6 +154,15 @@ def test_the_summary_keeps_the_most_severe_findings_first_and_bounded() -> None:
         {"kind": "optimizer_heavy", "severity": "low", "share": 0.26, "summary": "fused", "evidence": []}]}]})
     assert (low["verdict"], [f["kind"] for f in low["findings"]]) == ("healthy", ["optimizer_heavy"])
     assert low["headline"].startswith("healthy: ")
+    # Without a finding, healthy only where every trace showed enough to say so.
+    unread = summarise({"traces": [{"source": "e", "verdict": "unreadable", "findings": [],
+                                    "unreadable": "Nothing to diagnose: it holds no events."}]})
+    assert unread["verdict"] == "unreadable"
+    assert unread["headline"] == "unreadable: Nothing to diagnose: it holds no events."
+    partial = summarise({"traces": [
+        {"source": "f", "verdict": "healthy", "findings": []},
+        {"source": "g", "verdict": "inconclusive", "findings": [], "partial": ["6 of the 8 GPUs ..."]}]})
+    assert (partial["verdict"], partial["headline"]) == ("inconclusive", "inconclusive: 6 of the 8 GPUs ...")
     # At equal severity the device's idle time comes before what it is busy with.
     both = summarise({"traces": [{"source": "d", "findings": [
         {"kind": "tensor_cores_idle", "severity": "high", "share": 0.6, "summary": "fp32", "evidence": []},
@@ -181,7 +190,7 @@ def test_the_findings_counter_has_every_finding_from_zero(store: CaptureStore) -
     assert samples == {"input_bound": 0, "host_bound": 0, "host_sync": 0, "launch_bound": 0,
                        "communication_wait": 0, "idle_between_steps": 0, "shared_gpu": 0,
                        "tensor_cores_idle": 0, "costly_op": 0, "layout_conversion": 0, "small_grids": 0,
-                       "optimizer_heavy": 0, "healthy": 0}
+                       "optimizer_heavy": 0, "healthy": 0, "inconclusive": 0, "unreadable": 0}
 
 
 def test_captures_ls_and_the_status_page_show_the_verdict() -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuscope.analysis.findings import FINDING_KINDS, HEALTHY, rank_of
+from gpuscope.analysis.findings import FINDING_KINDS, HEALTHY, INCONCLUSIVE, UNREADABLE, rank_of
 from gpuscope.analysis.sources import is_trace_in_folder
 from gpuscope.capture.model import CaptureRecord
 from gpuscope.capture.store import CaptureStore, CaptureStoreError
@@ -32,7 +32,7 @@ from gpuscope.threads import OnDemandThread
 
 log = logging.getLogger(__name__)
 
-FINDING_NAMES = (*FINDING_KINDS, HEALTHY)
+FINDING_NAMES = (*FINDING_KINDS, HEALTHY, INCONCLUSIVE, UNREADABLE)
 MAX_OUTPUT_BYTES = 4 << 20  # the child's JSON report
 MAX_FINDINGS = 8  # kept in the record, over all of a capture's traces
 MAX_TEXT = 300  # characters of a summary or an evidence name kept in the record
@@ -172,8 +172,8 @@ class AnalysisWorker:
         if verdict is not None:
             with self._lock:
                 kinds = {f["kind"] for f in summary.get("findings", ())}
-                if verdict == HEALTHY:  # no finding, or low ones only
-                    kinds.add(HEALTHY)
+                if verdict in (HEALTHY, INCONCLUSIVE, UNREADABLE):  # no finding, or low ones only
+                    kinds.add(verdict)
                 for kind in kinds:
                     if kind in self._counts:
                         self._counts[kind] += 1
@@ -205,10 +205,26 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
     findings = findings[:MAX_FINDINGS]
     # A low finding (an opportunity, a cost the device hides) never makes the verdict.
     top = next((f for f in findings if f["severity"] != "low"), None)
-    verdict = top["kind"] if top else HEALTHY
-    headline = f"{verdict}: {top['summary']}" if top else f"{HEALTHY}: no finding over its threshold"
+    if top:
+        verdict, headline = top["kind"], f"{top['kind']}: {top['summary']}"
+    else:
+        verdict, headline = _without_finding(report)
     return {"verdict": verdict, "headline": headline[:MAX_TEXT], "findings": findings,
             "traces": len(report.get("traces") or ())}
+
+
+def _without_finding(report: dict[str, Any]) -> tuple[str, str]:
+    """The verdict and headline of traces without a finding that holds a step back: healthy only when
+    every trace showed enough to say so; unreadable when none could be read, with the reason."""
+    traces = [t for t in report.get("traces") or () if isinstance(t, dict)]
+    verdicts = [t.get("verdict") for t in traces]
+    if traces and all(v == UNREADABLE for v in verdicts):
+        return UNREADABLE, f"{UNREADABLE}: {traces[0].get('unreadable') or 'nothing in the traces was read'}"
+    unsure = next((t for t in traces if t.get("verdict") in (INCONCLUSIVE, UNREADABLE)), None)
+    if unsure is not None:
+        reason = next(iter(unsure.get("partial") or unsure.get("limits") or ()), "the trace shows too little")
+        return INCONCLUSIVE, f"{INCONCLUSIVE}: {reason}"
+    return HEALTHY, f"{HEALTHY}: no finding over its threshold"
 
 
 def _trace_files(record: CaptureRecord) -> list[str]:
