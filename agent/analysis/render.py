@@ -11,12 +11,16 @@ import textwrap
 from typing import Any
 
 from gpuscope.analysis.diagnose import Diagnosis, Finding
-from gpuscope.analysis.findings import HEALTHY, Check, verdict_of
+from gpuscope.analysis.findings import HEALTHY, INCONCLUSIVE, UNREADABLE, Check, verdict_of
 
 WIDTH = 100
 MAX_OPS_SHOWN = 5
 DETAIL_WIDTH = 90
 HEALTHY_TEXT = "no finding over its threshold"
+VERDICT_TEXT = {HEALTHY: HEALTHY_TEXT,
+                INCONCLUSIVE: "no finding over its threshold, but the trace shows too little to call it "
+                              "healthy: see the notes",
+                UNREADABLE: "nothing in the trace could be diagnosed: see the note"}
 CLASS_NAMES = {"tensor_core": "tensor cores", "fp32_matmul": "fp32 matmul/conv",
                "other_matmul": "other matmul", "layout": "layout conversions", "collective": "collectives",
                "memcpy": "memcpy", "memset": "memset", "other": "other kernels"}
@@ -25,7 +29,8 @@ CLASS_NAMES = {"tensor_core": "tensor cores", "fp32_matmul": "fp32 matmul/conv",
 def format_diagnosis(diagnosis: Diagnosis) -> str:
     d = diagnosis
     verdict = d.verdict
-    lines = [f"{d.source}", f"  verdict: {verdict}" + (f" ({HEALTHY_TEXT})" if verdict == HEALTHY else "")]
+    said = f" ({VERDICT_TEXT[verdict]})" if verdict in VERDICT_TEXT else ""
+    lines = [f"{d.source}", f"  verdict: {verdict}{said}"]
     framework = d.framework or "unknown framework"
     where = "with device activity" if d.device else "host only"
     marker = f" from {d.step_marker!r}" if d.step_marker else ""
@@ -97,5 +102,12 @@ def _clip(text: str, width: int) -> str:
 
 def top_finding(diagnoses: list[Diagnosis]) -> str:
     """The verdict of several traces (a capture of several processes): the most severe finding's kind
-    that holds a step back, or ``healthy``."""
-    return verdict_of([f for d in diagnoses for f in d.findings])
+    that holds a step back; without one, ``healthy`` only when every trace showed enough to say so
+    (``unreadable`` when none was read, ``inconclusive`` otherwise)."""
+    found = verdict_of([f for d in diagnoses for f in d.findings])
+    if found != HEALTHY:
+        return found
+    verdicts = {d.verdict for d in diagnoses}
+    if verdicts == {UNREADABLE}:
+        return UNREADABLE
+    return INCONCLUSIVE if verdicts & {INCONCLUSIVE, UNREADABLE} else HEALTHY
