@@ -217,8 +217,27 @@ class _Analysis:
         untraced = self._untraced(track)
         host_idle = untraced.intersection(idle).difference(input_idle).difference(sync_idle).difference(
             launch_idle)
-        other_idle = idle.difference(input_idle).difference(sync_idle).difference(launch_idle).difference(
+        rest = idle.difference(input_idle).difference(sync_idle).difference(launch_idle).difference(
             host_idle).difference(queued_gaps)
+        # What is left is between steps where the device's idle gap spans a step's start; inside a step,
+        # idle time while the step's threads run traced operations is the host's (it is slower than the
+        # device), and the rest has no cause the trace shows.
+        edges = sorted({edge for step in self.steps.steps for edge in (step.start, step.end)})
+        between = IntervalSet.merge(gap for gap in idle
+                                    if bisect_left(edges, gap[0]) < len(edges)
+                                    and edges[bisect_left(edges, gap[0])] <= gap[1])
+        other_idle = rest.intersection(between)
+        # Inside a step, as between kernels: the host's only when the next work was launched after the
+        # device ran out of it; with it queued, the device waits on a dependency (another stream, an
+        # event, a peer's collective), whatever the host is doing meanwhile.
+        host_inside, queued_inside = host_caused_gaps(self.trace, list(rest.difference(between)))
+        queued_gaps = queued_gaps.union(IntervalSet.merge(queued_inside))
+        inside = IntervalSet.merge(host_inside)
+        host_busy = inside.intersection(self._thread_time(track, (Kind.HOST_OP, Kind.PYTHON)))
+        # Nothing but launch calls open on the host: the launches are what the device waits for.
+        launch_idle = launch_idle.union(inside.difference(host_busy).intersection(
+            self._thread_time(track, (Kind.RUNTIME,))))
+        unexplained = inside.difference(host_busy).difference(launch_idle)
         comm = self._merge_named(DEVICE_KINDS, lambda name: bool(COLLECTIVE_KERNEL.search(name)))
         compute = busy.difference(comm) if len(comm) else busy
         exposed_comm = comm.difference(self._merge_named(
@@ -229,21 +248,34 @@ class _Analysis:
             self.breakdown = {"busy": share(busy), "compute": share(compute),
                               "communication": share(exposed_comm), "input": share(input_idle),
                               "host_sync": share(sync_idle), "launch_gaps": share(launch_idle),
-                              "host_untraced": share(host_idle), "queued_gaps": share(queued_gaps),
-                              "other_idle": share(other_idle)}
+                              "host_untraced": share(host_idle), "host_busy": share(host_busy),
+                              "queued_gaps": share(queued_gaps), "between_steps": share(other_idle),
+                              "other_idle": share(unexplained)}
         else:  # XLA on the CPU: no kernels to launch, no collectives
             self.breakdown = {"busy": share(busy), "input": share(input_idle),
                               "dispatch": share(launch_idle), "host_untraced": share(host_idle),
-                              "other_idle": share(other_idle)}
+                              "host_busy": share(host_busy), "between_steps": share(other_idle),
+                              "other_idle": share(unexplained)}
         found = [
             self._input_finding(share(input_idle), input_idle),
-            self._host_bound_finding(share(host_idle), host_idle, track, busy),
+            self._host_bound_finding(host_idle, host_busy, track, busy),
             self._sync_finding(sync_events, share(sync_idle), behind),
             self._launch_finding(share(launch_idle), launch_idle, dispatching),
             self._comm_finding(share(exposed_comm)) if self.trace.has_device else None,
             self._idle_finding(share(other_idle), other_idle),
         ]
-        for kind, value in (("input_bound", share(input_idle)), ("host_bound", share(host_idle)),
+        if share(queued_gaps) >= MODERATE:
+            self.limits.append(f"The device idles {percent(share(queued_gaps))} of the step time with its "
+                               "next work already queued: it waits on a dependency (another stream, an "
+                               "event, a collective's peers), not on this host.")
+            self.conclusive = False
+        if share(unexplained) >= MODERATE:
+            self.limits.append(f"The device idles {percent(share(unexplained))} of the step time inside the "
+                               "steps with no cause the trace shows (no input, synchronisation, launch or "
+                               "host work beside it): another stream, process or rank it waits for.")
+            self.conclusive = False
+        for kind, value in (("input_bound", share(input_idle)),
+                            ("host_bound", share(host_idle) + share(host_busy)),
                             ("launch_bound", share(launch_idle)),
                             ("communication_wait", share(exposed_comm)),
                             ("idle_between_steps", share(other_idle))):
@@ -282,7 +314,13 @@ class _Analysis:
         the autograd engine's thread while the main one waits in untraced code), none with an
         operation, Python function or runtime call open. A span longer than any step wraps the loop
         (``<module>``, an outer annotation) and says nothing of what runs inside."""
-        a, b = self.window
+        if track < 0:
+            return IntervalSet.empty()
+        return IntervalSet.merge([self.window]).difference(
+            self._thread_time(track, (Kind.HOST_OP, Kind.PYTHON, Kind.RUNTIME)))
+
+    def _thread_time(self, track: int, kinds: tuple[Kind, ...]) -> IntervalSet:
+        """The time in which a thread that drives the device has an event of these kinds open."""
         if track < 0:
             return IntervalSet.empty()
         tracks = {track} | self._launching_tracks()
@@ -290,12 +328,12 @@ class _Analysis:
         wrapper = longest if self.n > 1 else float("inf")
         limit = min(wrapper, 0.9 * self.time)
         covered = IntervalSet.empty()
-        for kind in (Kind.HOST_OP, Kind.PYTHON, Kind.RUNTIME):
+        for kind in kinds:
             spans = self.trace.spans[kind]
             covered = covered.union(IntervalSet.from_sorted(
                 (spans.start[i], spans.start[i] + spans.dur[i]) for i in range(len(spans))
                 if spans.track[i] in tracks and spans.dur[i] < limit))
-        return IntervalSet.merge([(a, b)]).difference(covered)
+        return covered
 
     def _launching_tracks(self) -> set[int]:
         """The threads that launch kernels within the steps."""
@@ -335,11 +373,18 @@ class _Analysis:
                        f"{percent(share)} of the step time {where} for input", evidence,
                        REMEDIES["input_bound"])
 
-    def _host_bound_finding(self, share: float, untraced_idle: IntervalSet, track: int,
+    def _host_bound_finding(self, untraced_idle: IntervalSet, host_busy: IntervalSet, track: int,
                             busy: IntervalSet) -> Finding | None:
+        share = self._share(untraced_idle) + self._share(host_busy)
         severity = BOUNDS["host_bound"].severity(share)
         if severity is None:
             return None
+        if self._share(host_busy) > self._share(untraced_idle):
+            return Finding(
+                "host_bound", severity, round(share, 4), None,
+                f"the device idles {percent(share)} of the step time inside the steps while the host runs "
+                "the steps' own operations: the host takes longer to issue the work than the device takes "
+                "to run it", self._host_overlap(host_busy.union(untraced_idle)), REMEDIES["host_work"])
         n = max(self.n, 1)
         step_ms = self.time / n / 1e3
         untraced_ms = self._covered(untraced_idle) / n / 1e3
@@ -470,7 +515,15 @@ class _Analysis:
                                "several steps to tell.")
             self.conclusive = False
             return None
-        # What the host was doing meanwhile: its outermost operations and Python frames by overlap.
+        return Finding("idle_between_steps", severity, round(share, 4), None,
+                       f"the device idles {percent(share)} of the step time between steps while the host "
+                       "runs traced work that is not input, synchronisation or launch",
+                       self._host_overlap(idle),
+                       REMEDIES["idle_between_steps"])
+
+    def _host_overlap(self, idle: IntervalSet) -> tuple[Evidence, ...]:
+        """What the host was doing while the device idled: its outermost operations and Python frames,
+        by overlap."""
         overlap: dict[str, list[float]] = {}
         # A span longer than any step wraps the loop (``<module>``, a benchmark's outer annotation):
         # what ran inside it is the evidence, not the wrapper.
@@ -489,13 +542,9 @@ class _Analysis:
                     entry = overlap.setdefault(self.trace.names[spans.name[i]], [0, 0.0])
                     entry[0] += 1
                     entry[1] += covered
-        evidence = tuple(Evidence(name, int(count), round(time / 1e3, 3))
-                         for name, (count, time) in sorted(overlap.items(), key=lambda kv: -kv[1][1])
-                         [:MAX_EVIDENCE])
-        return Finding("idle_between_steps", severity, round(share, 4), None,
-                       f"the device idles {percent(share)} of the step time while the host runs traced "
-                       "work that is not input, synchronisation or launch", evidence,
-                       REMEDIES["idle_between_steps"])
+        return tuple(Evidence(name, int(count), round(time / 1e3, 3))
+                     for name, (count, time) in sorted(overlap.items(), key=lambda kv: -kv[1][1])
+                     [:MAX_EVIDENCE])
 
     # ---------------------------------------------------------------- helpers
 

@@ -83,6 +83,11 @@ REMEDIES = {
         "jax.device_put into a queue; tf.data .prefetch(tf.data.AUTOTUNE); DataLoader(num_workers>0, "
         "pin_memory=True)). To see which Python runs between the steps, capture with the Python tracer "
         "(python_tracer_level=1 for JAX and TensorFlow, with_stack=True for PyTorch)."),
+    "host_work": (
+        "Give the host less to do per step: fused or foreach optimizers (and optimizers whose state lives "
+        "on the device), torch.compile or CUDA graphs to issue the step in fewer calls, no per-step "
+        "Python over many small tensors; the evidence names the operations the host ran while the "
+        "device waited."),
     "shared_gpu": (
         "Run one process per GPU: give the other process its own GPU (CUDA_VISIBLE_DEVICES, the device "
         "plugin's allocation), or partition the GPU (MIG, MPS) when sharing is intended; time-sliced, "
