@@ -23,6 +23,8 @@ IDLE_KINDS = ("input_bound", "host_bound", "host_sync", "launch_bound", "communi
 BUSY_KINDS = ("tensor_cores_idle", "costly_op", "layout_conversion", "small_grids", "optimizer_heavy")
 FINDING_KINDS = IDLE_KINDS + BUSY_KINDS
 HEALTHY = "healthy"
+UNREADABLE = "unreadable"  # nothing could be read: no events, no steps
+INCONCLUSIVE = "inconclusive"
 
 
 @dataclass(frozen=True, slots=True)
