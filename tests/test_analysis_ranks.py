@@ -54,13 +54,13 @@ def write(trace: KinetoTrace, path: Path, distributed: dict[str, Any] | None = N
 
 
 def job(folder: Path, *, info: bool = True, name: str = "worker{rank}.pt.trace.json",
-        world_size: int = 4) -> Path:
+        world_size: int = 4, slow_us: float = 30_000.0) -> Path:
     folder.mkdir()
     for rank in range(4):
-        compute = 30_000.0 if rank == SLOW_RANK else 20_000.0
+        compute = slow_us if rank == SLOW_RANK else 20_000.0
         distributed = {"backend": "nccl", "rank": rank, "world_size": world_size, "pg_count": 1,
                        "nccl_version": "2.21.5"} if info else None
-        write(rank_trace(compute), folder / name.format(rank=rank), distributed)
+        write(rank_trace(compute, slowest_us=slow_us), folder / name.format(rank=rank), distributed)
     return folder
 
 
@@ -117,6 +117,16 @@ def test_the_slowest_rank_and_the_ranks_that_wait_for_it_are_named(tmp_path: Pat
     assert "rank 2 is the slowest" in head and "ranks 0, 1 and 3 wait for it 10.0 ms a step" in head
     (slow_line,) = [line for line in head.splitlines() if "slowest  " in line]
     assert slow_line.split()[:2] == ["2", "33.0"]
+
+
+def test_ranks_that_keep_pace_wait_for_none(tmp_path: Path) -> None:
+    """Rank 2 computes 0.5 ms longer: the others wait for it, but less than the margin."""
+    report = report_of(job(tmp_path / "even", slow_us=20_500.0))
+    ranks = report["ranks"]
+    assert ranks["slowest"] == SLOW_RANK and ranks["waiting"] == []
+    assert "no rank waits for it more than 1 ms a step longer than it does" in ranks["summary"]
+    code, text, _ = explained(tmp_path / "even", as_json=False)
+    assert code == 0 and "(that of rank 2, the slowest)" in text and "  waits  " not in text.split("\n\n")[0]
 
 
 def test_without_distributed_info_file_names_number_the_ranks(tmp_path: Path) -> None:
@@ -225,4 +235,20 @@ def test_a_diagnosis_that_found_no_steps_makes_the_trace_unreadable(tmp_path: Pa
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         assert explain_path(path, as_json=False) == 1
-    assert out.getvalue() == f"{path}\n  unreadable: no steps: The trace holds no step time to analyse.\n"
+    assert out.getvalue() == f"{path}\n  unreadable: The trace holds no step time to analyse.\n"
+
+
+def test_the_agent_records_why_a_capture_with_nothing_readable_has_no_verdict(tmp_path: Path) -> None:
+    """The capture analysis runs `explain --json` in a child: a failure keeps no verdict, and its last
+    line of error, naming what the trace lacked, is the reason."""
+    from test_capture_analysis import LIMITS, store_capture
+
+    from gpuscope.capture.analysis_worker import AnalysisWorker
+    from gpuscope.capture.store import CaptureStore
+
+    with CaptureStore(tmp_path / "captures", quota_bytes=64 << 20) as store:
+        summary = AnalysisWorker(store, LIMITS).analyse(store_capture(store, b'{"traceEvents": []}'))
+    assert summary["verdict"] is None
+    assert summary["skipped"].endswith(".pt.trace.json: unreadable: no events: the trace holds none that "
+                                       "the analysis reads (operators, CUDA runtime calls, kernels, "
+                                       "copies, Python functions)")

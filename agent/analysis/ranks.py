@@ -150,7 +150,8 @@ class RanksReport:
         if not self.waiting:
             return text + f"; no rank waits for it more than {WAIT_MARGIN_MS:g} ms a step longer than it does"
         waits = [row.peer_wait_ms for row in self.rows if row.waits]
-        return (text + f"; {_ranks(self.waiting)} wait for it {median(waits):.1f} ms a step (median) in "
+        verb = "waits" if len(self.waiting) == 1 else "wait"
+        return (text + f"; {_ranks(self.waiting)} {verb} for it {median(waits):.1f} ms a step (median) in "
                        "the collectives")
 
     def to_json(self) -> dict[str, Any]:

@@ -108,9 +108,9 @@ def format_ranks(report: RanksReport) -> str:
     rows = report.rows
     told = (f"world size {report.world_size}, from distributedInfo" if report.world_size is not None
             else "numbered by their file names")
+    waited = ": the others wait for it" if report.waiting else ""
     lines = [f"Ranks of one job: {len(rows)} traces ({told})",
-             f"  verdict: {report.verdict} (that of rank {report.slowest}, the slowest: the others wait for "
-             "it)"]
+             f"  verdict: {report.verdict} (that of rank {report.slowest}, the slowest{waited})"]
     lines.extend(textwrap.wrap(report.headline(), WIDTH, initial_indent="  ", subsequent_indent="    "))
     table = [("RANK", "STEP (ms)", "COMPUTE", "COMM", "IDLE", "PEER WAIT", "HOST BLOCKED", "", "VERDICT",
               "TRACE")]

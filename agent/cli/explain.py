@@ -133,9 +133,10 @@ def _missing(diagnosis: Diagnosis) -> str:
     if diagnosis.events == 0:
         return ("no events: the trace holds none that the analysis reads (operators, CUDA runtime calls, "
                 "kernels, copies, Python functions)")
-    if diagnosis.verdict == UNREADABLE or diagnosis.mean_step_ms <= 0:
-        said = next((limit for limit in diagnosis.limits if "step" in limit), "")
-        return f"no steps: {said}" if said else "no steps: its events span no time to analyse"
+    if diagnosis.verdict == UNREADABLE:  # the analysis's own note says what it lacked
+        return diagnosis.limits[0] if diagnosis.limits else "nothing in it could be analysed"
+    if diagnosis.mean_step_ms <= 0:
+        return "no steps: its events span no time to analyse"
     return ""
 
 
