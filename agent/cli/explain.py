@@ -122,8 +122,7 @@ def _explain_files(files: list[tuple[Path, Path]], record: dict[str, Any] | None
             summaries.append(rank_summary(trace, diagnosis, _name(file, root)))
         del trace  # one trace in memory at a time
     if one_gpu:
-        read = [e for e in explained if e.diagnosis is not None]
-        shared = iter(_with_sharing([e.diagnosis for e in read if e.diagnosis is not None], timelines))
+        shared = iter(_with_sharing([e.diagnosis for e in explained if e.diagnosis is not None], timelines))
         explained = [replace(e, diagnosis=next(shared)) if e.diagnosis is not None else e for e in explained]
     return explained, compare_ranks(summaries) if summaries else None
 
@@ -153,13 +152,14 @@ def _print_report(paths: list[Path], explained: list[_Explained], ranks: RanksRe
     unreadable = [e for e in explained if e.unreadable]
     if as_json:
         shown: Any = (shown_as or str(paths[0])) if len(paths) == 1 else [str(p) for p in paths]
+        traces = [e.to_json() for e in explained]
         report: dict[str, Any] = {"path": shown, "verdict": verdict,
-                                  "verdicts": {e.source: e.to_json()["verdict"] for e in explained}}
+                                  "verdicts": {t["source"]: t["verdict"] for t in traces}}
         if context is not None:
             report["alert"] = context.to_json()
         if ranks is not None:
             report["ranks"] = ranks.to_json()
-        print(json.dumps({**report, "traces": [e.to_json() for e in explained]}, indent=2))
+        print(json.dumps({**report, "traces": traces}, indent=2))
         for entry in unreadable:  # stdout stays one JSON document
             print(f"gpuscope explain: {entry.source}: unreadable: {entry.unreadable}", file=sys.stderr)
         return
