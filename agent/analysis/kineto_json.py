@@ -245,7 +245,7 @@ class KinetoEvents:
         return blocks / self.sms
 
     def add_metadata(self, key: str, value: Any) -> None:
-        """A top-level key other than ``traceEvents``: the GPU's properties, the clock's base."""
+        """A top-level key other than ``traceEvents``: the GPU's properties, the clock's base, the rank."""
         if key == "deviceProperties" and value:
             self.trace.has_device = True
             first = value[0] if isinstance(value, list) and isinstance(value[0], dict) else {}
@@ -256,6 +256,10 @@ class KinetoEvents:
                 self.sms = max(integer(first.get("numSms")), 0)
         elif key == "baseTimeNanoseconds" and integer(value) > 0:
             self.trace.base_ns = integer(value)
+        elif key == "distributedInfo" and isinstance(value, dict):
+            rank, world_size = integer(value.get("rank")), integer(value.get("world_size"))
+            if 0 <= rank < world_size:
+                self.trace.distributed = {"rank": rank, "world_size": world_size}
 
 
 def number(value: Any) -> float | None:

@@ -133,6 +133,9 @@ class Trace:
     # its clock: traces of processes on one node are then placed on one time line.
     epoch_ns: int | None = None
     base_ns: int = 0  # what the reader adds to an event's time to get the epoch (set before finish)
+    # Of a rank of a distributed job, when the trace says (Kineto's ``distributedInfo``): its ``rank``
+    # and ``world_size``; empty otherwise.
+    distributed: dict[str, int] = field(default_factory=dict)
     _name_ids: dict[str, int] = field(default_factory=dict, repr=False)
     _track_ids: dict[str, int] = field(default_factory=dict, repr=False)
 

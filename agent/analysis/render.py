@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuscope.analysis.diagnose import Diagnosis, Finding
 from gpuscope.analysis.findings import HEALTHY, INCONCLUSIVE, UNREADABLE, Check, verdict_of
+from gpuscope.analysis.ranks import RanksReport
 
 WIDTH = 100
 MAX_OPS_SHOWN = 5
@@ -111,3 +112,35 @@ def top_finding(diagnoses: list[Diagnosis]) -> str:
     if verdicts == {UNREADABLE}:
         return UNREADABLE
     return INCONCLUSIVE if verdicts & {INCONCLUSIVE, UNREADABLE} else HEALTHY
+
+
+def format_ranks(report: RanksReport) -> str:
+    """The ranks of one job side by side: the job's verdict (its slowest rank's), which rank the others
+    wait for, and per rank its time a step."""
+    rows = report.rows
+    told = (f"world size {report.world_size}, from distributedInfo" if report.world_size is not None
+            else "numbered by their file names")
+    waited = ": the others wait for it" if report.waiting else ""
+    lines = [f"Ranks of one job: {len(rows)} traces ({told})",
+             f"  verdict: {report.verdict} (that of rank {report.slowest}, the slowest{waited})"]
+    lines.extend(textwrap.wrap(report.headline(), WIDTH, initial_indent="  ", subsequent_indent="    "))
+    table = [("RANK", "STEP (ms)", "COMPUTE", "COMM", "IDLE", "PEER WAIT", "HOST BLOCKED", "", "VERDICT",
+              "TRACE")]
+    for row in rows:
+        s = row.summary
+        role = "slowest" if row.rank == report.slowest else "waits" if row.waits else ""
+        table.append((str(row.rank), f"{s.step_ms:.1f}", f"{s.compute_ms:.1f}", f"{s.communication_ms:.1f}",
+                      f"{s.idle_ms:.1f}", f"{row.peer_wait_ms:.1f}", f"{s.host_blocked_ms:.1f}", role,
+                      s.verdict, s.source))
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]) - 1)]
+    for line in table:
+        numbers = "  ".join(f"{cell:>{width}}" for cell, width in zip(line[:7], widths[:7], strict=True))
+        words = "  ".join(f"{cell:<{width}}" for cell, width in zip(line[7:9], widths[7:9], strict=True))
+        lines.append(f"    {numbers}  {words}  {line[9]}".rstrip())
+    lines.extend(textwrap.wrap(
+        "(ms a step; COMM: communication no computation hides; PEER WAIT: time in the collectives beyond "
+        "the least any rank spent in them; HOST BLOCKED: in synchronising calls)", WIDTH,
+        initial_indent="  ", subsequent_indent="   "))
+    if report.missing:
+        lines.append(f"  note: no trace here of rank(s) {', '.join(str(r) for r in report.missing)}")
+    return "\n".join(lines)

@@ -1,8 +1,13 @@
-"""`gpuscope explain PATH`: diagnose trace files a user already has, with no agent running.
+"""`gpuscope explain PATH...`: diagnose trace files a user already has, with no agent running.
 
 PATH is a trace file (``.pt.trace.json[.gz]`` from torch.profiler or Kineto, ``.xplane.pb`` from
 TensorFlow or JAX) or a directory holding them (a TensorBoard/XProf log directory, a downloaded
 capture). Each trace gets its own report; ``--json`` prints them as one JSON document.
+
+There is a verdict over all the traces only where they belong together: the processes of one
+capture, or the ranks of one job (whose verdict is that of the rank the others wait for, beside the
+ranks' comparison). Unrelated traces each keep their own. A trace in which nothing could be read says
+what it lacked; when that is every trace, the command fails.
 """
 
 from __future__ import annotations
@@ -10,12 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuscope.analysis.findings import UNREADABLE
+
 if TYPE_CHECKING:
     from gpuscope.analysis.diagnose import Diagnosis
+    from gpuscope.analysis.ranks import RanksReport
     from gpuscope.analysis.sharing import DeviceTimeline
 
 EXIT_OK, EXIT_FAILURE = 0, 1
@@ -26,58 +34,185 @@ def add_explain_command(subparsers: Any) -> None:
         "explain", help="Diagnose profiler traces: why the device idles (input_bound, host_sync, "
                         "launch_bound ...) and what it is busy with (tensor_cores_idle, costly_op ...).",
         description="Read trace files (PyTorch/Kineto JSON, TensorFlow/JAX XSpace) or a TensorBoard log "
-                    "directory, and say where the steps' time went, with the evidence.")
-    explain.add_argument("path", type=Path, help="A trace file, or a directory of them.")
+                    "directory, and say where the steps' time went, with the evidence. The traces of "
+                    "the ranks of one job are also compared: which rank the others wait for.")
+    explain.add_argument("path", type=Path, nargs="+", help="A trace file, or a directory of them.")
     explain.add_argument("--json", action="store_true", help="Print the diagnoses as JSON.")
 
 
 def run_explain_command(args: argparse.Namespace) -> int:
-    return explain_path(args.path, as_json=args.json)
+    return explain_paths(args.path, as_json=args.json)
 
 
 def explain_path(path: Path, *, as_json: bool, shown_as: str | None = None) -> int:
     """Diagnose every trace under ``path`` and print the reports; the exit code."""
-    from gpuscope.analysis.diagnose import diagnose
-    from gpuscope.analysis.errors import TraceError
-    from gpuscope.analysis.render import format_diagnosis, top_finding
-    from gpuscope.analysis.sharing import device_timeline
-    from gpuscope.analysis.sources import find_traces, read_trace
-    from gpuscope.capture.alert_context import alert_context
+    return explain_paths([path], as_json=as_json, shown_as=shown_as)
 
+
+@dataclass(frozen=True, slots=True)
+class _Explained:
+    """One trace file's outcome: its diagnosis, or why nothing could be read in it."""
+
+    source: str
+    diagnosis: Diagnosis | None
+    unreadable: str = ""  # what was missing, when nothing could be read
+
+    def to_json(self) -> dict[str, Any]:
+        if self.diagnosis is None:
+            return {"source": self.source, "verdict": UNREADABLE, "unreadable": self.unreadable,
+                    "findings": []}
+        data = self.diagnosis.to_json()
+        if self.unreadable:
+            data.update(verdict=UNREADABLE, unreadable=self.unreadable)
+        return data
+
+
+def explain_paths(paths: list[Path], *, as_json: bool, shown_as: str | None = None) -> int:
+    """Diagnose every trace under ``paths`` and print the reports; the exit code: 1 when nothing could
+    be read in any trace."""
+    from gpuscope.analysis.errors import TraceError
+    from gpuscope.analysis.sources import find_traces
+
+    root = paths[0]
     try:
-        files = find_traces(path)
-        record = _capture_record(path)
-        one_gpu = len(files) > 1 and isinstance(record, dict) and isinstance(record.get("gpu"), int)
-        diagnoses = []
-        timelines: list[DeviceTimeline | None] = []
-        for file in files:
-            trace = read_trace(file)
-            source = _shown(file, path, shown_as)
-            diagnoses.append(replace(diagnose(trace), source=source))
-            if one_gpu:
-                timelines.append(device_timeline(trace, source))
-            del trace  # one trace in memory at a time
-        if one_gpu:
-            diagnoses = _with_sharing(diagnoses, timelines)
+        files = _unique([(path, file) for path in paths for file in find_traces(path)])
+        record = _capture_record(root) if len(paths) == 1 else None
+        explained, ranks = _explain_files(files, record, shown_as)
     except TraceError as err:
         print(f"gpuscope explain: {err}", file=sys.stderr)
         return EXIT_FAILURE
     except OSError as err:
-        print(f"gpuscope explain: {shown_as or path}: {err.strerror or err}", file=sys.stderr)
+        print(f"gpuscope explain: {shown_as or root}: {err.strerror or err}", file=sys.stderr)
         return EXIT_FAILURE
-    verdict = top_finding(diagnoses)
+    _print_report(paths, explained, ranks, record, as_json=as_json, shown_as=shown_as)
+    return EXIT_OK if any(not e.unreadable for e in explained) else EXIT_FAILURE
+
+
+def _explain_files(files: list[tuple[Path, Path]], record: dict[str, Any] | None,
+                   shown_as: str | None) -> tuple[list[_Explained], RanksReport | None]:
+    """Each file diagnosed, one trace in memory at a time, and the ranks' comparison when the traces
+    are the ranks of one job. A file that cannot be read is reported as such when it is one of several
+    (a folder of 64 ranks is not lost to one truncated file); alone, its error is the command's."""
+    from gpuscope.analysis.diagnose import diagnose_devices
+    from gpuscope.analysis.errors import TraceError
+    from gpuscope.analysis.ranks import RankSummary, compare_ranks, rank_summary
+    from gpuscope.analysis.sharing import device_timeline
+    from gpuscope.analysis.sources import read_trace
+
+    one_gpu = len(files) > 1 and isinstance(record, dict) and isinstance(record.get("gpu"), int)
+    explained: list[_Explained] = []
+    timelines: list[DeviceTimeline | None] = []
+    summaries: list[RankSummary] = []
+    for root, file in files:
+        source = _shown(file, root, shown_as)
+        try:
+            trace = read_trace(file)
+        except (TraceError, OSError) as err:
+            if len(files) == 1:
+                raise
+            message = str(err) if isinstance(err, TraceError) else (err.strerror or str(err))
+            explained.append(_Explained(source, None, message.removeprefix(f"{file}: ")))
+            continue
+        # A process that drives several GPUs gets a diagnosis per GPU ("trace [GPU 1]").
+        diagnoses = diagnose_devices(trace)
+        for of_device in diagnoses:
+            shown = source + of_device.source[len(trace.source):]
+            diagnosis = replace(of_device, source=shown)
+            missing = _missing(diagnosis)
+            explained.append(_Explained(shown, diagnosis, missing))
+            if one_gpu:
+                timelines.append(device_timeline(trace, shown) if not missing and len(diagnoses) == 1
+                                 else None)
+        if len(files) > 1 and not one_gpu and len(diagnoses) == 1 and not explained[-1].unreadable:
+            summaries.append(rank_summary(trace, explained[-1].diagnosis or diagnoses[0], _name(file, root)))
+        del trace  # one trace in memory at a time
+    if one_gpu:
+        shared = iter(_with_sharing([e.diagnosis for e in explained if e.diagnosis is not None], timelines))
+        explained = [replace(e, diagnosis=next(shared)) if e.diagnosis is not None else e for e in explained]
+    return explained, compare_ranks(summaries) if summaries else None
+
+
+def _missing(diagnosis: Diagnosis) -> str:
+    """What a trace lacked for anything to be read in it; "" when it had what a diagnosis needs."""
+    if diagnosis.events == 0:
+        return ("no events: the trace holds none that the analysis reads (operators, CUDA runtime calls, "
+                "kernels, copies, Python functions)")
+    if diagnosis.verdict == UNREADABLE:  # the analysis's own note says what it lacked
+        return diagnosis.limits[0] if diagnosis.limits else "nothing in it could be analysed"
+    if diagnosis.mean_step_ms <= 0:
+        return "no steps: its events span no time to analyse"
+    return ""
+
+
+def _print_report(paths: list[Path], explained: list[_Explained], ranks: RanksReport | None,
+                  record: dict[str, Any] | None, *, as_json: bool, shown_as: str | None) -> None:
+    from gpuscope.analysis.render import format_diagnosis, format_ranks
+    from gpuscope.capture.alert_context import alert_context
+
+    read = [e.diagnosis for e in explained if e.diagnosis is not None and not e.unreadable]
+    verdict = _overall(explained, read, ranks, record)
     # A capture an alert triggered is read beside that alert: which minutes each saw, and whether
     # this verdict accounts for the alert.
-    context = alert_context(record, verdict=verdict) if record is not None else None
+    context = alert_context(record, verdict=verdict if read else None) if record is not None else None
+    unreadable = [e for e in explained if e.unreadable]
     if as_json:
-        report: dict[str, Any] = {"path": shown_as or str(path), "verdict": verdict}
+        shown: Any = (shown_as or str(paths[0])) if len(paths) == 1 else [str(p) for p in paths]
+        traces = [e.to_json() for e in explained]
+        report: dict[str, Any] = {"path": shown, "verdict": verdict,
+                                  "verdicts": {t["source"]: t["verdict"] for t in traces}}
         if context is not None:
             report["alert"] = context.to_json()
-        print(json.dumps({**report, "traces": [d.to_json() for d in diagnoses]}, indent=2))
-    else:
-        intro = f"Alert: {context.text}\n\n" if context is not None else ""
-        print(intro + "\n\n".join(format_diagnosis(d) for d in diagnoses))
-    return EXIT_OK
+        if ranks is not None:
+            report["ranks"] = ranks.to_json()
+        print(json.dumps({**report, "traces": traces}, indent=2))
+        for entry in unreadable:  # stdout stays one JSON document
+            print(f"gpuscope explain: {entry.source}: unreadable: {entry.unreadable}", file=sys.stderr)
+        return
+    blocks = [f"Alert: {context.text}"] if context is not None else []
+    if ranks is not None:
+        blocks.append(format_ranks(ranks))
+    blocks += [format_diagnosis(e.diagnosis) if e.diagnosis is not None and not e.unreadable
+               else f"{e.source}\n  unreadable: {e.unreadable}" for e in explained]
+    if unreadable and read:
+        blocks.append(f"{len(unreadable)} of {len(explained)} traces could not be read: "
+                      + ", ".join(e.source for e in unreadable))
+    print("\n\n".join(blocks))
+
+
+def _overall(explained: list[_Explained], read: list[Diagnosis], ranks: RanksReport | None,
+             record: dict[str, Any] | None) -> str | None:
+    """The verdict over all the traces, where there is one: a capture's (its processes were taken
+    together, for one reason), a job's (its slowest rank's), or a lone trace's. Unrelated traces have
+    their own verdicts and no overall one."""
+    from gpuscope.analysis.render import top_finding
+
+    if not read:
+        return UNREADABLE
+    if record is not None:
+        return top_finding(read)
+    if ranks is not None:
+        return ranks.verdict
+    if len(explained) == 1:
+        return read[0].verdict
+    return None
+
+
+def _unique(files: list[tuple[Path, Path]]) -> list[tuple[Path, Path]]:
+    """Each file once (a file named twice, or inside a folder also named), in order."""
+    seen: set[Path] = set()
+    out = []
+    for root, file in files:
+        key = file.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append((root, file))
+    return out
+
+
+def _name(file: Path, root: Path) -> str:
+    """The file's path under the folder named (where a rank number may be, as rank3/trace.json), or
+    the file as named."""
+    return str(file.relative_to(root)) if file != root else str(file)
 
 
 def _capture_record(path: Path) -> dict[str, Any] | None:
