@@ -10,11 +10,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpuscope.analysis.diagnose import Diagnosis, diagnose, diagnose_devices
 from gpuscope.analysis.kineto_json import read_kineto
 from gpuscope.analysis.model import Kind
 from gpuscope.analysis.render import format_diagnosis
 from gpuscope.analysis.xspace import read_xspace
+from gpuscope.cli.explain import explain_path
 from gpuscope.generated.tsl import xplane_pb2
 
 BASE = 1_700_000_000_000_000.0  # microseconds since the epoch
@@ -256,3 +259,13 @@ def test_a_tensorflow_xspace_keeps_its_gpus_apart_and_its_own_steps(tmp_path: Pa
         assert any("6 of the 8 GPUs" in p for p in diagnosis.partial)
         assert all(f.severity != "high" for f in diagnosis.findings)
         assert "host_bound" not in kinds(diagnosis)
+
+
+def test_explain_reports_each_gpu_of_a_process_that_drives_several(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "worker.xplane.pb"
+    path.write_bytes(tensorflow_xspace().SerializeToString())
+    assert explain_path(path, as_json=True) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [trace["source"] for trace in report["traces"]] == [f"{path} [GPU 0]", f"{path} [GPU 1]"]
+    assert all(trace["partial"] for trace in report["traces"])
