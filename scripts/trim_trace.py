@@ -12,8 +12,11 @@ ahead of the device by several steps). Skip the first steps of a capture: their 
 before the recording began, so no launch ties them to an operation. Only the fields the diagnosis
 reads are kept (name, category, times, thread or stream, and the arguments ``correlation``,
 ``stream``, ``blocks per SM``, ``External id``); flow events, Kineto's own overhead spans and GPU-side
-annotations are dropped; the top-level keys (``deviceProperties``, ``baseTimeNanoseconds`` ...) are
-kept as they are.
+annotations are dropped; the top-level keys (``deviceProperties``, ``distributedInfo``,
+``baseTimeNanoseconds`` ...) are kept as they are. Traces of PyTorch 1.8 and 1.9, whose categories are
+capitalised (``Operator``, ``Runtime``, ``Kernel``, ``Memcpy``, ``Memset``, ``Trace``, ``Python``),
+are trimmed the same way and keep their category names; their lowercase ``external id`` argument is
+kept too.
 """
 
 from __future__ import annotations
@@ -27,17 +30,21 @@ from bisect import bisect_left
 from pathlib import Path
 from typing import Any
 
+# PyTorch 1.8 and 1.9 (Kineto's first versions) named the categories with capitals.
+OLD_CATEGORIES = {"Operator", "Runtime", "Kernel", "Memcpy", "Memset", "Trace", "Python"}
 KEPT_CATEGORIES = {"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "kernel",
-                   "gpu_memcpy", "gpu_memset"}
-CALL_CATEGORIES = {"cuda_runtime", "cuda_driver"}
-DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
-KEPT_ARGS = ("correlation", "stream", "blocks per SM", "External id", "device")
+                   "gpu_memcpy", "gpu_memset"} | OLD_CATEGORIES
+CALL_CATEGORIES = {"cuda_runtime", "cuda_driver", "Runtime"}
+DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
+OPERATOR_CATEGORIES = {"cpu_op", "Operator"}
+KEPT_ARGS = ("correlation", "stream", "blocks per SM", "External id", "external id", "device")
 MARGIN_US = 1000.0
 
 
 def boundaries(events: list[dict[str, Any]]) -> list[float]:
     """Where steps end: ProfilerStep ends, else optimizer step ends."""
-    host = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("user_annotation", "cpu_op")]
+    host = [e for e in events
+            if e.get("ph") == "X" and e.get("cat") in ("user_annotation", "cpu_op", "Operator")]
     steps = [e for e in host if re.fullmatch(r"ProfilerStep#\d+", str(e.get("name")))]
     if not steps:
         steps = [e for e in host if str(e.get("name")).startswith("Optimizer.step#")]
@@ -77,7 +84,8 @@ def trim(document: dict[str, Any], steps: int, skip: int) -> dict[str, Any]:
         times.sort()
     around = []
     for event in complete:
-        if event["cat"] != "cpu_op" or overlaps(event, first, last) or event.get("tid") not in at:
+        if (event["cat"] not in OPERATOR_CATEGORIES or overlaps(event, first, last)
+                or event.get("tid") not in at):
             continue
         times, start = at[event.get("tid")], float(event["ts"])
         i = bisect_left(times, start)
