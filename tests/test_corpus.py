@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.analysis.diagnose import Diagnosis, diagnose
+from gpuscope.analysis.diagnose import Diagnosis, diagnose_devices
 from gpuscope.analysis.sources import find_traces, read_trace
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
@@ -44,7 +44,7 @@ def diagnoses_of(entry_id: str) -> tuple[Diagnosis, ...]:
     found: list[Diagnosis] = []
     for path in entry_files(entry):
         (traced,) = find_traces(path)
-        found.append(diagnose(read_trace(traced)))
+        found.extend(diagnose_devices(read_trace(traced)))  # one diagnosis per GPU with activity
     return tuple(found)
 
 
@@ -82,7 +82,14 @@ def test_manifest_is_complete() -> None:
         entry_files(entry)
 
 
-@pytest.mark.parametrize("entry", MANIFEST, ids=[entry["id"] for entry in MANIFEST])
+# An entry where gpuscope and the reading still disagree says so in the manifest
+# ("gpuscope_disagrees": why): its test is expected to fail, and passes the suite only while it does.
+CASES = [pytest.param(entry, id=entry["id"], marks=pytest.mark.xfail(reason=entry["gpuscope_disagrees"],
+                                                                     strict=True))
+         if entry.get("gpuscope_disagrees") else pytest.param(entry, id=entry["id"]) for entry in MANIFEST]
+
+
+@pytest.mark.parametrize("entry", CASES)
 def test_entry_matches_expert_reading(entry: dict) -> None:
     wrong = problems(entry)
     assert not wrong, f"{entry['id']}: " + "; ".join(wrong)
