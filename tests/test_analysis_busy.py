@@ -13,9 +13,7 @@ from typing import Any
 import pytest
 
 from gpuscope.analysis.diagnose import Diagnosis, diagnose
-from gpuscope.analysis.kernels import classify
 from gpuscope.analysis.kineto_json import read_kineto
-from gpuscope.analysis.model import Kind
 from gpuscope.analysis.render import format_diagnosis
 from gpuscope.cli.explain import explain_path
 
@@ -84,22 +82,6 @@ SPIN = "void spin_wait_kernel(int*)"
 
 def kinds(diagnosis: Diagnosis) -> dict[str, str]:
     return {f.kind: f.severity for f in diagnosis.findings}
-
-
-@pytest.mark.parametrize(("name", "expected"), [
-    (FP32_CONV, "fp32_matmul"),
-    ("sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw_tilesize128x32x8_g1_ffma", "fp32_matmul"),
-    ("volta_sgemm_128x64_nn", "fp32_matmul"),
-    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nt_n_tilesize128x256x32", "tensor_core"),
-    ("void cutlass::Kernel<cutlass_tensorop_s1688dgrad_optimized_tf32_256x64_16x4_nhwc>(P)", "tensor_core"),
-    (BF16_GEMM, "tensor_core"),
-    ("ampere_bf16_s16816gemm_bf16_128x256_ldg8_f2f_nn", "tensor_core"),
-    (TO_NHWC, "layout"),
-    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)", "collective"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float> >(int)", "other"),
-])
-def test_kernels_are_told_apart_by_their_names(name: str, expected: str) -> None:
-    assert classify(Kind.KERNEL, name) == expected
 
 
 def test_fp32_convolutions_on_a_tensor_core_gpu_leave_its_tensor_cores_idle(tmp_path: Path) -> None:
@@ -204,15 +186,6 @@ def test_processes_that_take_turns_or_are_not_of_one_gpu_share_nothing(tmp_path:
         report = explain_json(path)
         assert report["verdict"] == "healthy"
         assert all(c["kind"] != "shared_gpu" for t in report["traces"] for c in t["checks"])
-
-
-@pytest.mark.parametrize("name", [
-    "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel<float, float>(long, float*)",
-    "input_convert_f16_fusion",
-    "void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda>(int)",
-])
-def test_names_that_only_look_like_matrix_kernels_are_not(name: str) -> None:
-    assert classify(Kind.KERNEL, name) == "other"
 
 
 def test_collectives_that_gather_are_communication_not_a_costly_op(tmp_path: Path) -> None:

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import re
 
+from gpuscope.analysis.kernel_taxonomy import COLLECTIVE_KERNEL
+
+__all__ = ["COLLECTIVE_KERNEL"]  # kept here for the modules that read it with the other patterns
+
 # Host spans during which a step waits for its input.
 INPUT_OP = re.compile(
     r"DataLoader.*__next__"  # PyTorch: enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__
@@ -35,8 +39,6 @@ LAUNCH_RUNTIME = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel|cudaLaunchKernel
 DISPATCH_OP = re.compile(r"^(PjitFunction\(|PmapFunction\(|ExecuteShardedOnLocalDevices|PjRt|"
                          r"CommonPjRtBuffer::|ThunkExecutor|TfrtCpuExecutable|__inference_|EagerExecute|"
                          r"EagerKernelExecute|FunctionRun)")
-COLLECTIVE_KERNEL = re.compile(r"nccl|rccl|all-?reduce|all-?gather|reduce-?scatter|all-?to-?all",
-                               re.IGNORECASE)
 # Operations that move or select data rather than compute the model: indexing and its backward,
 # scatter/gather, sorting, unique, nonzero, boolean masks. One of them taking a large share of the
 # device is almost always a data-dependent shape operation that has a dense replacement.
