@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from gpuscope.analysis.device_profile import DeviceProfile, KernelStat
 from gpuscope.analysis.evidence import MAX_EVIDENCE
 from gpuscope.analysis.findings import BOUNDS, Check, Evidence, Finding, Severity, percent
-from gpuscope.analysis.kernels import short_name
+from gpuscope.analysis.kernels import short_name as _short
 from gpuscope.analysis.patterns import COLLECTIVE_KERNEL, NON_COMPUTE_OP, REMEDIES
 
 COLLECTIVE_OP = re.compile(rf"{COLLECTIVE_KERNEL.pattern}|c10d::|nccl:", re.IGNORECASE)
@@ -98,7 +98,7 @@ def _by_op(context: BusyContext, cls: str) -> tuple[Evidence, ...]:
     rows = sorted(((name, stat) for name, stat in profile.op_stats.items() if stat.by_class.get(cls)),
                   key=lambda kv: -kv[1].by_class[cls])[:MAX_EVIDENCE]
     return tuple(Evidence(name, stat.by_class_count[cls], _ms(stat.by_class[cls]),
-                          detail=short_name(stat.top_kernel(cls, profile.kernel_stats))) for name, stat in rows)
+                          detail=_short(stat.top_kernel(cls, profile.kernel_stats))) for name, stat in rows)
 
 
 def _tensor_cores(context: BusyContext) -> tuple[Finding | None, Check] | None:
@@ -153,9 +153,9 @@ def _costly_op(context: BusyContext) -> tuple[Finding | None, Check] | None:
     kernel_share = stat.by_kernel[kernel] / profile.device_us
     summary = (f"{name} takes {percent(share)} of the step time on the device in "
                f"{stat.count / max(context.steps, 1):.0f} kernels per step, {percent(kernel_share)} of the "
-               f"device's time in {short_name(kernel, 60)} alone: it moves or selects data, it does not compute "
+               f"device's time in {_short(kernel, 60)} alone: it moves or selects data, it does not compute "
                f"the model{measured.caveat}")
-    evidence = tuple(Evidence(op, op_stat.count, _ms(op_stat.us), detail=short_name(op_stat.top_kernel()))
+    evidence = tuple(Evidence(op, op_stat.count, _ms(op_stat.us), detail=_short(op_stat.top_kernel()))
                      for op, op_stat in candidates[:MAX_EVIDENCE])
     return Finding("costly_op", severity, round(share, 4), round(stat.count / max(context.steps, 1), 1),
                    summary, evidence, REMEDIES["costly_op"]), measured.check
@@ -174,7 +174,7 @@ def _small_grids(context: BusyContext) -> tuple[Finding | None, Check] | None:
     summary = (f"kernels with fewer thread blocks than the GPU has SMs run {percent(measured.share)} of the "
                f"step time: most of the GPU's multiprocessors have nothing to do while NVML counts the GPU "
                f"busy{measured.caveat}")
-    evidence = tuple(Evidence(short_name(name), stat.small_count, _ms(stat.small_us), detail=short_name(stat.op))
+    evidence = tuple(Evidence(_short(name), stat.small_count, _ms(stat.small_us), detail=_short(stat.op))
                      for name, stat in small[:MAX_EVIDENCE])
     return Finding("small_grids", measured.severity, round(measured.share, 4), None, summary, evidence,
                    REMEDIES["small_grids"]), measured.check
@@ -192,7 +192,7 @@ def _optimizer(context: BusyContext) -> tuple[Finding | None, Check] | None:
     summary = (f"the optimizer's step takes {percent(share)} of the step time on the device "
                f"({_ms(us) / max(context.steps, 1):.2f} ms per step): a fused optimizer does it in fewer "
                "passes over the parameters")
-    evidence = tuple(Evidence(short_name(name), stat.count, _ms(stat.optimizer_us), detail=short_name(stat.op))
+    evidence = tuple(Evidence(_short(name), stat.count, _ms(stat.optimizer_us), detail=_short(stat.op))
                      for name, stat in rows)
     return Finding("optimizer_heavy", severity, round(share, 4), None, summary, evidence,
                    REMEDIES["optimizer_heavy"]), measured.check
