@@ -264,3 +264,27 @@ def test_non_finite_times_are_left_out_and_tiny_steps_do_not_fail(tmp_path: Path
     diagnosis = diagnose(trace)
     report = json.dumps(diagnosis.to_json(), allow_nan=False)  # valid JSON: no NaN anywhere
     assert format_diagnosis(diagnosis) and report
+
+
+def test_the_unclassified_share_is_reported_with_its_largest_kernels(tmp_path: Path) -> None:
+    job = Job().steps([("aten::linear", BF16_GEMM, 6_000.0), ("aten::spin", SPIN, 2_000.0),
+                       ("autograd::engine::evaluate_function: IndexBackward0", INDEX_BACKWARD, 1_000.0)])
+    diagnosis = job.diagnose(tmp_path)
+    profile = diagnosis.device_profile
+    assert profile is not None
+    assert profile["unmatched"] == pytest.approx(3 / 9, abs=0.01)
+    assert [k["name"] for k in profile["unmatched_kernels"]] == [
+        "spin_wait_kernel", "indexing_backward_kernel_stride_1<float>"]
+    assert profile["unmatched_kernels"][0]["share"] == pytest.approx(2 / 9, abs=0.01)
+    text = format_diagnosis(diagnosis)
+    assert "unclassified 33%: spin_wait_kernel 22%, indexing_backward_kernel_stride_1<float> 11%" in text
+
+
+def test_collectives_with_one_block_per_channel_are_not_small_grids(tmp_path: Path) -> None:
+    """NCCL runs one block per channel by design: 16 blocks on 132 SMs is not a grid to enlarge."""
+    job = Job().steps([("nccl:all_reduce", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)", 9_800.0)],
+                      blocks_per_sm=16 / 132)
+    diagnosis = job.diagnose(tmp_path)
+    assert "small_grids" not in {f.kind for f in diagnosis.findings}
+    profile = diagnosis.device_profile
+    assert profile is not None and profile["classes"]["collective"] == 1.0
