@@ -282,8 +282,8 @@ def test_the_unclassified_share_is_reported_with_its_largest_kernels(tmp_path: P
 
 def test_collectives_with_one_block_per_channel_are_not_small_grids(tmp_path: Path) -> None:
     """NCCL runs one block per channel by design: 16 blocks on 132 SMs is not a grid to enlarge."""
-    job = Job().steps([("nccl:all_reduce", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)", 9_800.0)],
-                      blocks_per_sm=16 / 132)
+    allreduce = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)"
+    job = Job().steps([("nccl:all_reduce", allreduce, 9_800.0)], blocks_per_sm=16 / 132)
     diagnosis = job.diagnose(tmp_path)
     assert "small_grids" not in {f.kind for f in diagnosis.findings}
     profile = diagnosis.device_profile

@@ -59,9 +59,10 @@ def _profile(profile: dict[str, Any], steps: int) -> list[str]:
              + (f"; optimizer {profile['optimizer'] * 100:.0f}%" if profile.get("optimizer") else "")]
     unmatched = profile.get("unmatched") or 0.0
     if unmatched >= 0.005:
-        kernels = ", ".join(f"{k['name']} {k['share'] * 100:.0f}%" for k in profile.get("unmatched_kernels") or [])
-        lines.extend(textwrap.wrap(f"unclassified {unmatched * 100:.0f}%" + (f": {kernels}" if kernels else ""),
-                                   WIDTH, initial_indent="  ", subsequent_indent="    "))
+        named = profile.get("unmatched_kernels") or []
+        kernels = ", ".join(f"{k['name']} {k['share'] * 100:.0f}%" for k in named)
+        text = f"unclassified {unmatched * 100:.0f}%" + (f": {kernels}" if kernels else "")
+        lines.extend(textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    "))
     ops = profile.get("ops") or []
     if ops:
         lines.append("  device time by operation:")
