@@ -288,3 +288,53 @@ def test_collectives_with_one_block_per_channel_are_not_small_grids(tmp_path: Pa
     assert "small_grids" not in {f.kind for f in diagnosis.findings}
     profile = diagnosis.device_profile
     assert profile is not None and profile["classes"]["collective"] == 1.0
+
+
+SOFTMAX = ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+           "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)")
+LOG_SOFTMAX = ("void (anonymous namespace)::softmax_warp_forward<float, float, float, 4, true, false>("
+               "float*, float const*, int, int, int, bool const*, int, bool)")
+ADD = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+       "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)")
+
+
+def test_unfused_attention_is_a_dominant_op_with_fused_attention_as_its_remedy(tmp_path: Path) -> None:
+    job = Job().steps([("aten::linear", BF16_GEMM, 3_000.0), ("aten::matmul", BF16_GEMM, 2_000.0),
+                       ("aten::softmax", SOFTMAX, 2_500.0), ("aten::matmul", BF16_GEMM, 2_300.0)])
+    diagnosis = job.diagnose(tmp_path)
+    assert diagnosis.verdict == "dominant_op"
+    (found,) = diagnosis.findings
+    assert found.severity == "high" and "unfused attention" in found.summary
+    assert found.share == pytest.approx(0.68, abs=0.01)  # softmax and the batched matmuls
+    assert [e.name for e in found.evidence] == ["aten::matmul", "aten::softmax"]
+    assert "scaled_dot_product_attention" in found.remedy and 'attn_implementation="sdpa"' in found.remedy
+
+
+def test_an_elementwise_op_that_dominates_the_device_is_named(tmp_path: Path) -> None:
+    job = Job().steps([("aten::linear", BF16_GEMM, 5_800.0), ("aten::add", ADD, 4_000.0)])
+    diagnosis = job.diagnose(tmp_path)
+    (found,) = diagnosis.findings
+    assert (found.kind, found.severity) == ("dominant_op", "moderate")
+    assert found.summary.startswith("aten::add takes 41% of the device's time")
+    assert "elementwise kernels" in found.summary and "torch.compile" in found.remedy
+
+
+@pytest.mark.parametrize("parts", [
+    [("aten::linear", BF16_GEMM, 9_800.0)],  # matrix work dominating is healthy
+    # the loss's log-softmax
+    [("aten::linear", BF16_GEMM, 7_300.0), ("aten::cross_entropy_loss", LOG_SOFTMAX, 2_500.0)],
+])
+def test_matmuls_and_the_loss_softmax_are_not_a_dominant_op(
+        tmp_path: Path, parts: list[tuple[str, str, float]]) -> None:
+    diagnosis = Job().steps(parts).diagnose(tmp_path)
+    assert diagnosis.verdict == "healthy"
+    (check,) = [c for c in diagnosis.checks if c.kind == "dominant_op"]
+    assert check.passed
+
+
+def test_the_remedy_follows_the_trace_framework_and_gpu(tmp_path: Path) -> None:
+    job = Job(capability=(7, 5)).steps([("aten::conv2d", FP32_CONV, 6_000.0),
+                                        ("aten::linear", BF16_GEMM, 3_800.0)])
+    (found,) = [f for f in job.diagnose(tmp_path).findings if f.kind == "tensor_cores_idle"]
+    assert "GradScaler" in found.remedy and "float16" in found.remedy
+    assert not any(word in found.remedy.lower() for word in ("bf16", "bfloat16", "tf32"))

@@ -220,7 +220,7 @@ class _Analysis:
             return []
         self.profile = profile.to_json()
         findings, checks = busy_findings(BusyContext(profile, self.n, self.time, busy_share,
-                                                     self.trace.compute_capability))
+                                                     self.trace.compute_capability, self.trace.framework))
         self.checks += checks
         return findings
 
