@@ -13,9 +13,7 @@ from typing import Any
 import pytest
 
 from gpuscope.analysis.diagnose import Diagnosis, diagnose
-from gpuscope.analysis.kernels import classify
 from gpuscope.analysis.kineto_json import read_kineto
-from gpuscope.analysis.model import Kind
 from gpuscope.analysis.render import format_diagnosis
 from gpuscope.cli.explain import explain_path
 
@@ -84,22 +82,6 @@ SPIN = "void spin_wait_kernel(int*)"
 
 def kinds(diagnosis: Diagnosis) -> dict[str, str]:
     return {f.kind: f.severity for f in diagnosis.findings}
-
-
-@pytest.mark.parametrize(("name", "expected"), [
-    (FP32_CONV, "fp32_matmul"),
-    ("sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw_tilesize128x32x8_g1_ffma", "fp32_matmul"),
-    ("volta_sgemm_128x64_nn", "fp32_matmul"),
-    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nt_n_tilesize128x256x32", "tensor_core"),
-    ("void cutlass::Kernel<cutlass_tensorop_s1688dgrad_optimized_tf32_256x64_16x4_nhwc>(P)", "tensor_core"),
-    (BF16_GEMM, "tensor_core"),
-    ("ampere_bf16_s16816gemm_bf16_128x256_ldg8_f2f_nn", "tensor_core"),
-    (TO_NHWC, "layout"),
-    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)", "collective"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float> >(int)", "other"),
-])
-def test_kernels_are_told_apart_by_their_names(name: str, expected: str) -> None:
-    assert classify(Kind.KERNEL, name) == expected
 
 
 def test_fp32_convolutions_on_a_tensor_core_gpu_leave_its_tensor_cores_idle(tmp_path: Path) -> None:
@@ -208,15 +190,6 @@ def test_processes_that_take_turns_or_are_not_of_one_gpu_share_nothing(tmp_path:
         assert all(c["kind"] != "shared_gpu" for t in report["traces"] for c in t["checks"])
 
 
-@pytest.mark.parametrize("name", [
-    "void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel<float, float>(long, float*)",
-    "input_convert_f16_fusion",
-    "void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda>(int)",
-])
-def test_names_that_only_look_like_matrix_kernels_are_not(name: str) -> None:
-    assert classify(Kind.KERNEL, name) == "other"
-
-
 def test_collectives_that_gather_are_communication_not_a_costly_op(tmp_path: Path) -> None:
     """FSDP's all-gathers overlap the compute on their own stream: the device time of c10d's
     all-gather is communication, not a data-dependent operation to replace."""
@@ -296,3 +269,77 @@ def test_non_finite_times_are_left_out_and_tiny_steps_do_not_fail(tmp_path: Path
     diagnosis = diagnose(trace)
     report = json.dumps(diagnosis.to_json(), allow_nan=False)  # valid JSON: no NaN anywhere
     assert format_diagnosis(diagnosis) and report
+
+
+def test_the_unclassified_share_is_reported_with_its_largest_kernels(tmp_path: Path) -> None:
+    job = Job().steps([("aten::linear", BF16_GEMM, 6_000.0), ("aten::spin", SPIN, 2_000.0),
+                       ("autograd::engine::evaluate_function: IndexBackward0", INDEX_BACKWARD, 1_000.0)])
+    diagnosis = job.diagnose(tmp_path)
+    profile = diagnosis.device_profile
+    assert profile is not None
+    assert profile["unmatched"] == pytest.approx(3 / 9, abs=0.01)
+    assert [k["name"] for k in profile["unmatched_kernels"]] == [
+        "spin_wait_kernel", "indexing_backward_kernel_stride_1<float>"]
+    assert profile["unmatched_kernels"][0]["share"] == pytest.approx(2 / 9, abs=0.01)
+    text = format_diagnosis(diagnosis)
+    assert "unclassified 33%: spin_wait_kernel 22%, indexing_backward_kernel_stride_1<float> 11%" in text
+
+
+def test_collectives_with_one_block_per_channel_are_not_small_grids(tmp_path: Path) -> None:
+    """NCCL runs one block per channel by design: 16 blocks on 132 SMs is not a grid to enlarge."""
+    allreduce = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)"
+    job = Job().steps([("nccl:all_reduce", allreduce, 9_800.0)], blocks_per_sm=16 / 132)
+    diagnosis = job.diagnose(tmp_path)
+    assert "small_grids" not in {f.kind for f in diagnosis.findings}
+    profile = diagnosis.device_profile
+    assert profile is not None and profile["classes"]["collective"] == 1.0
+
+
+SOFTMAX = ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+           "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)")
+LOG_SOFTMAX = ("void (anonymous namespace)::softmax_warp_forward<float, float, float, 4, true, false>("
+               "float*, float const*, int, int, int, bool const*, int, bool)")
+ADD = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+       "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)")
+
+
+def test_unfused_attention_is_a_dominant_op_with_fused_attention_as_its_remedy(tmp_path: Path) -> None:
+    job = Job().steps([("aten::linear", BF16_GEMM, 3_000.0), ("aten::matmul", BF16_GEMM, 2_000.0),
+                       ("aten::softmax", SOFTMAX, 2_500.0), ("aten::matmul", BF16_GEMM, 2_300.0)])
+    diagnosis = job.diagnose(tmp_path)
+    assert diagnosis.verdict == "dominant_op"
+    (found,) = diagnosis.findings
+    assert found.severity == "high" and "unfused attention" in found.summary
+    assert found.share == pytest.approx(0.68, abs=0.01)  # softmax and the batched matmuls
+    assert [e.name for e in found.evidence] == ["aten::matmul", "aten::softmax"]
+    assert "scaled_dot_product_attention" in found.remedy and 'attn_implementation="sdpa"' in found.remedy
+
+
+def test_an_elementwise_op_that_dominates_the_device_is_named(tmp_path: Path) -> None:
+    job = Job().steps([("aten::linear", BF16_GEMM, 5_800.0), ("aten::add", ADD, 4_000.0)])
+    diagnosis = job.diagnose(tmp_path)
+    (found,) = diagnosis.findings
+    assert (found.kind, found.severity) == ("dominant_op", "moderate")
+    assert found.summary.startswith("aten::add takes 41% of the device's time")
+    assert "elementwise kernels" in found.summary and "torch.compile" in found.remedy
+
+
+@pytest.mark.parametrize("parts", [
+    [("aten::linear", BF16_GEMM, 9_800.0)],  # matrix work dominating is healthy
+    # the loss's log-softmax
+    [("aten::linear", BF16_GEMM, 7_300.0), ("aten::cross_entropy_loss", LOG_SOFTMAX, 2_500.0)],
+])
+def test_matmuls_and_the_loss_softmax_are_not_a_dominant_op(
+        tmp_path: Path, parts: list[tuple[str, str, float]]) -> None:
+    diagnosis = Job().steps(parts).diagnose(tmp_path)
+    assert diagnosis.verdict == "healthy"
+    (check,) = [c for c in diagnosis.checks if c.kind == "dominant_op"]
+    assert check.passed
+
+
+def test_the_remedy_follows_the_trace_framework_and_gpu(tmp_path: Path) -> None:
+    job = Job(capability=(7, 5)).steps([("aten::conv2d", FP32_CONV, 6_000.0),
+                                        ("aten::linear", BF16_GEMM, 3_800.0)])
+    (found,) = [f for f in job.diagnose(tmp_path).findings if f.kind == "tensor_cores_idle"]
+    assert "GradScaler" in found.remedy and "float16" in found.remedy
+    assert not any(word in found.remedy.lower() for word in ("bf16", "bfloat16", "tf32"))

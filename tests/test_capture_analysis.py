@@ -189,8 +189,9 @@ def test_the_findings_counter_has_every_finding_from_zero(store: CaptureStore) -
     samples = {s.labels["finding"]: s.value for s in families["gpuscope_capture_findings"].samples}
     assert samples == {"input_bound": 0, "host_bound": 0, "host_sync": 0, "launch_bound": 0,
                        "communication_wait": 0, "idle_between_steps": 0, "shared_gpu": 0,
-                       "tensor_cores_idle": 0, "costly_op": 0, "layout_conversion": 0, "small_grids": 0,
-                       "optimizer_heavy": 0, "healthy": 0, "inconclusive": 0, "unreadable": 0}
+                       "tensor_cores_idle": 0, "costly_op": 0, "dominant_op": 0, "layout_conversion": 0,
+                       "small_grids": 0, "optimizer_heavy": 0, "healthy": 0, "inconclusive": 0,
+                       "unreadable": 0}
 
 
 def test_captures_ls_and_the_status_page_show_the_verdict() -> None:

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.analysis.intervals import IntervalSet
-from gpuscope.analysis.kernels import KERNEL_CLASSES, OPTIMIZER_KERNEL, KernelClass, classify
+from gpuscope.analysis.kernels import KERNEL_CLASSES, OPTIMIZER_KERNEL, KernelClass, classify, short_name
 from gpuscope.analysis.model import DEVICE_KINDS, Kind, Trace
 from gpuscope.analysis.steps import OPTIMIZER_PREFIX
 
 MAX_OPS = 8  # operations kept in a profile, by device time
+MAX_UNMATCHED = 5  # unclassified kernels named in a profile, by device time
 SMALL_GRID_FILL = 1.0  # fewer thread blocks than SMs: part of the GPU has nothing to run
 
 
@@ -85,6 +86,12 @@ class DeviceProfile:
         """Each kernel class's share of the device time."""
         return {cls: us / self.device_us for cls, us in self.class_us.items()}
 
+    def unmatched_kernels(self) -> list[tuple[str, float]]:
+        """The kernels no row of the taxonomy names, with the most time first: (name, device share)."""
+        rows = sorted(((name, stat.us) for name, stat in self.kernel_stats.items() if stat.cls == "other"),
+                      key=lambda kv: -kv[1])[:MAX_UNMATCHED]
+        return [(name, us / self.device_us) for name, us in rows if us > 0]
+
     def to_json(self) -> dict[str, Any]:
         total = self.device_us
         ranked = sorted(self.op_stats.items(), key=lambda kv: -kv[1].us)[:MAX_OPS]
@@ -98,7 +105,11 @@ class DeviceProfile:
                 "classes": {cls: round(share, 4) for cls, share in self.classes.items()},
                 "optimizer": round(self.optimizer_us / total, 4),
                 "small_grids": None if self.small_grids is None else round(self.small_grids, 4),
-                "attributed": round(self.attributed_us / total, 4), "ops": ops}
+                "attributed": round(self.attributed_us / total, 4), "ops": ops,
+                # What the taxonomy could not classify: how much the class shares above leave unsaid.
+                "unmatched": round(self.class_us.get("other", 0.0) / total, 4),
+                "unmatched_kernels": [{"name": short_name(name, 60), "share": round(share, 4)}
+                                      for name, share in self.unmatched_kernels()]}
 
 
 def device_profile(trace: Trace, window: tuple[float, float]) -> DeviceProfile | None:
@@ -157,7 +168,8 @@ class _Profiler:
                     in_optimizer = kind is Kind.KERNEL and OPTIMIZER_KERNEL.search(name) is not None
                 if in_optimizer:
                     stat.optimizer_us += dur
-                if kind is Kind.KERNEL and spans.fill[i] >= 0:
+                # A collective runs one block per channel by design: never a grid to enlarge.
+                if kind is Kind.KERNEL and spans.fill[i] >= 0 and stat.cls != "collective":
                     filled_us += dur
                     if spans.fill[i] < SMALL_GRID_FILL:
                         stat.small_us += dur

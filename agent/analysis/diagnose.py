@@ -54,8 +54,8 @@ from gpuscope.analysis.patterns import (
     INPUT_OP,
     INPUT_PYTHON,
     LAUNCH_RUNTIME,
-    REMEDIES,
 )
+from gpuscope.analysis.remedies import remedy_for
 from gpuscope.analysis.steps import Step, Steps, find_steps
 
 HIGH = IDLE_BOUNDS.high
@@ -292,7 +292,7 @@ class _Analysis:
             return []
         self.profile = profile.to_json()
         findings, checks = busy_findings(BusyContext(profile, self.n, self.time, busy_share,
-                                                     self.trace.compute_capability))
+                                                     self.trace.compute_capability, self.trace.framework))
         self.checks += checks
         return findings
 
@@ -371,7 +371,7 @@ class _Analysis:
                  else "the compiled computation waits" if self._busy_kind() else "each step waits")
         return Finding("input_bound", severity, round(share, 4), None,
                        f"{percent(share)} of the step time {where} for input", evidence,
-                       REMEDIES["input_bound"])
+                       self._remedy("input_bound"))
 
     def _host_bound_finding(self, untraced_idle: IntervalSet, host_busy: IntervalSet, track: int,
                             busy: IntervalSet) -> Finding | None:
@@ -384,7 +384,7 @@ class _Analysis:
                 "host_bound", severity, round(share, 4), None,
                 f"the device idles {percent(share)} of the step time inside the steps while the host runs "
                 "the steps' own operations: the host takes longer to issue the work than the device takes "
-                "to run it", self._host_overlap(host_busy.union(untraced_idle)), REMEDIES["host_work"])
+                "to run it", self._host_overlap(host_busy.union(untraced_idle)), self._remedy("host_work"))
         n = max(self.n, 1)
         step_ms = self.time / n / 1e3
         untraced_ms = self._covered(untraced_idle) / n / 1e3
@@ -409,7 +409,7 @@ class _Analysis:
         evidence.append(Evidence(f"{device} work", kernels or self.n, round(busy_ms * n, 3),
                                  detail=f"{busy_ms:.1f} ms per step"))
         return Finding("host_bound", severity, round(share, 4), None, summary, tuple(evidence),
-                       REMEDIES["host_bound"])
+                       self._remedy("host_bound"))
 
     def _marker_ms(self) -> float:
         """The time in the steps' marking events: the steps themselves, or the dispatch operation."""
@@ -461,7 +461,7 @@ class _Analysis:
             evidence.append(Evidence(name, len(spans), round(time / 1e3, 3),
                                      self.evidence.site_of(name, spans)))
         return Finding("host_sync", severity, round(share, 4) if share is not None else None,
-                       round(per_step, 2), summary, tuple(evidence), REMEDIES["host_sync"])
+                       round(per_step, 2), summary, tuple(evidence), self._remedy("host_sync"))
 
     def _launch_finding(self, share: float, gaps: IntervalSet, dispatching: IntervalSet) -> Finding | None:
         severity = BOUNDS["launch_bound"].severity(share)
@@ -475,7 +475,7 @@ class _Analysis:
             return Finding("launch_bound", severity, round(share, 4), None,
                            f"the computation waits {percent(share)} of the step time while the framework "
                            f"dispatches it ({self._covered(gaps) / max(self.n, 1) / 1e3:.2f} ms per step)",
-                           self.evidence.rows(dispatch, gaps), REMEDIES["launch_bound"])
+                           self.evidence.rows(dispatch, gaps), self._remedy("launch_bound"))
         median = statistics.median(durations)
         launches = [i for i in self._in_steps(Kind.RUNTIME)
                     if LAUNCH_RUNTIME.match(self.trace.names[self.trace.spans[Kind.RUNTIME].name[i]])]
@@ -490,7 +490,7 @@ class _Analysis:
                        f"{per_step:.0f} kernels per step with a median of {median:.1f} us; the device "
                        f"idles {percent(share)} of the step time in gaps under {SHORT_GAP_US / 1e3:g} ms "
                        f"between them ({len(launches) / self.n:.0f} launch calls per step)",
-                       evidence, REMEDIES["launch_bound"])
+                       evidence, self._remedy("launch_bound"))
 
     def _comm_finding(self, share: float) -> Finding | None:
         severity = BOUNDS["communication_wait"].severity(share)
@@ -501,7 +501,7 @@ class _Analysis:
         return Finding("communication_wait", severity, round(share, 4), None,
                        f"collective communication runs with no computation beside it {percent(share)} "
                        "of the step time", self.evidence.rows(indices, None, kind=Kind.KERNEL),
-                       REMEDIES["communication_wait"])
+                       self._remedy("communication_wait"))
 
     def _idle_finding(self, share: float, idle: IntervalSet) -> Finding | None:
         severity = BOUNDS["idle_between_steps"].severity(share)
@@ -519,34 +519,20 @@ class _Analysis:
                        f"the device idles {percent(share)} of the step time between steps while the host "
                        "runs traced work that is not input, synchronisation or launch",
                        self._host_overlap(idle),
-                       REMEDIES["idle_between_steps"])
+                       self._remedy("idle_between_steps"))
 
     def _host_overlap(self, idle: IntervalSet) -> tuple[Evidence, ...]:
-        """What the host was doing while the device idled: its outermost operations and Python frames,
-        by overlap."""
-        overlap: dict[str, list[float]] = {}
-        # A span longer than any step wraps the loop (``<module>``, a benchmark's outer annotation):
-        # what ran inside it is the evidence, not the wrapper.
+        """What the host was doing while the device idled. A span longer than any step wraps the loop
+        (``<module>``, a benchmark's outer annotation): what ran inside it is the evidence."""
         longest = max(step.duration for step in self.steps.steps)
-        for kind in (Kind.HOST_OP, Kind.PYTHON):
-            spans = self.trace.spans[kind]
-            open_until: dict[int, float] = {}
-            for i in range(len(spans)):
-                start, end = spans.start[i], spans.start[i] + spans.dur[i]
-                if start < open_until.get(spans.track[i], float("-inf")) or (
-                        spans.dur[i] > longest and self.n > 1) or spans.dur[i] >= 0.9 * self.time:
-                    continue
-                open_until[spans.track[i]] = end
-                covered = idle.covered(start, end)
-                if covered > 0:
-                    entry = overlap.setdefault(self.trace.names[spans.name[i]], [0, 0.0])
-                    entry[0] += 1
-                    entry[1] += covered
-        return tuple(Evidence(name, int(count), round(time / 1e3, 3))
-                     for name, (count, time) in sorted(overlap.items(), key=lambda kv: -kv[1][1])
-                     [:MAX_EVIDENCE])
+        return self.evidence.host_overlap(idle, min(longest if self.n > 1 else float("inf"),
+                                                    0.9 * self.time))
 
     # ---------------------------------------------------------------- helpers
+
+    def _remedy(self, kind: str) -> str:
+        """The remedy for the framework that wrote the trace and the GPU it ran on."""
+        return remedy_for(kind, framework=self.trace.framework, capability=self.trace.compute_capability)
 
     def _share(self, intervals: IntervalSet) -> float:
         return self._covered(intervals) / self.time if self.time else 0.0

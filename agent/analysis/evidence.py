@@ -83,3 +83,24 @@ class EvidenceFinder:
             if frame != name and not LIBRARY_FRAME.search(frame):
                 return f"calls {frame}"
         return ""
+
+    def host_overlap(self, idle: IntervalSet, wrapper_us: float) -> tuple[Evidence, ...]:
+        """The host's outermost operations and Python frames by their overlap with ``idle``, spans of
+        ``wrapper_us`` or longer left out (they wrap the loop, not a step's work)."""
+        overlap: dict[str, list[float]] = {}
+        for kind in (Kind.HOST_OP, Kind.PYTHON):
+            spans = self.trace.spans[kind]
+            open_until: dict[int, float] = {}
+            for i in range(len(spans)):
+                start, end = spans.start[i], spans.start[i] + spans.dur[i]
+                if start < open_until.get(spans.track[i], float("-inf")) or spans.dur[i] >= wrapper_us:
+                    continue
+                open_until[spans.track[i]] = end
+                covered = idle.covered(start, end)
+                if covered > 0:
+                    entry = overlap.setdefault(self.trace.names[spans.name[i]], [0, 0.0])
+                    entry[0] += 1
+                    entry[1] += covered
+        return tuple(Evidence(name, int(count), round(time / 1e3, 3))
+                     for name, (count, time) in sorted(overlap.items(), key=lambda kv: -kv[1][1])
+                     [:MAX_EVIDENCE])

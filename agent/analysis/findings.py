@@ -20,7 +20,8 @@ SEVERITIES: tuple[Severity, ...] = ("high", "moderate", "low")
 
 IDLE_KINDS = ("input_bound", "host_bound", "host_sync", "launch_bound", "communication_wait",
               "idle_between_steps", "shared_gpu")
-BUSY_KINDS = ("tensor_cores_idle", "costly_op", "layout_conversion", "small_grids", "optimizer_heavy")
+BUSY_KINDS = ("tensor_cores_idle", "costly_op", "dominant_op", "layout_conversion", "small_grids",
+              "optimizer_heavy")
 FINDING_KINDS = IDLE_KINDS + BUSY_KINDS
 HEALTHY = "healthy"
 UNREADABLE = "unreadable"  # nothing in the trace could be diagnosed
@@ -58,6 +59,9 @@ IDLE_BOUNDS = Bounds(0.05, 0.20)
 BOUNDS: dict[str, Bounds] = {
     **dict.fromkeys(IDLE_KINDS, IDLE_BOUNDS),
     "tensor_cores_idle": Bounds(0.10, 0.25),  # fp32 matrix kernels, of the step time
+    # One operation's kernels, of the DEVICE's time (not the step's): how much of the work one fusion
+    # would remove. Idle time is the idle findings' to report, and caps this one at low.
+    "dominant_op": Bounds(0.30, 0.50),
     "layout_conversion": Bounds(0.05, 0.20),
     "costly_op": Bounds(0.10, 0.20),  # one data-dependent operation's kernels, of the step time
     "small_grids": Bounds(0.20, 0.40),  # kernels with fewer thread blocks than SMs, of the step time

@@ -23,8 +23,9 @@ VERDICT_TEXT = {HEALTHY: HEALTHY_TEXT,
                               "healthy: see the notes",
                 UNREADABLE: "nothing in the trace could be diagnosed: see the note"}
 CLASS_NAMES = {"tensor_core": "tensor cores", "fp32_matmul": "fp32 matmul/conv",
-               "other_matmul": "other matmul", "layout": "layout conversions", "collective": "collectives",
-               "memcpy": "memcpy", "memset": "memset", "other": "other kernels"}
+               "convolution": "convolutions", "other_matmul": "other matmul", "softmax": "softmax",
+               "elementwise": "elementwise", "reduction": "reductions/norms", "layout": "layout conversions",
+               "collective": "collectives", "memcpy": "memcpy", "memset": "memset", "other": "unclassified"}
 
 
 def format_diagnosis(diagnosis: Diagnosis) -> str:
@@ -57,10 +58,17 @@ def format_diagnosis(diagnosis: Diagnosis) -> str:
 
 def _profile(profile: dict[str, Any], steps: int) -> list[str]:
     classes = ", ".join(f"{CLASS_NAMES.get(name, name)} {share * 100:.0f}%"
-                        for name, share in profile["classes"].items() if share >= 0.005)
+                        for name, share in profile["classes"].items()
+                        if share >= 0.005 and not (name == "other" and "unmatched" in profile))
     per_step = profile["device_ms"] / max(steps, 1)
     lines = [f"  device time: {per_step:.1f} ms per step; {classes}"
              + (f"; optimizer {profile['optimizer'] * 100:.0f}%" if profile.get("optimizer") else "")]
+    unmatched = profile.get("unmatched") or 0.0
+    if unmatched >= 0.005:
+        named = profile.get("unmatched_kernels") or []
+        kernels = ", ".join(f"{k['name']} {k['share'] * 100:.0f}%" for k in named)
+        text = f"unclassified {unmatched * 100:.0f}%" + (f": {kernels}" if kernels else "")
+        lines.extend(textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    "))
     ops = profile.get("ops") or []
     if ops:
         lines.append("  device time by operation:")
