@@ -213,17 +213,8 @@ def test_a_folder_with_some_unreadable_traces_lists_them(tmp_path: Path) -> None
 
 
 def unreadable(diagnosis: Diagnosis) -> Diagnosis:
-    """The diagnosis with the verdict `unreadable`: a field of Diagnosis where the analysis decides it,
-    else (the verdict derived from the findings) a copy whose verdict says so."""
-    if "verdict" in {f.name for f in dataclasses.fields(Diagnosis)}:
-        return dataclasses.replace(diagnosis, verdict=UNREADABLE)  # type: ignore[call-arg]
-
-    class Unreadable(Diagnosis):
-        @property
-        def verdict(self) -> str:
-            return UNREADABLE
-
-    return Unreadable(**{f.name: getattr(diagnosis, f.name) for f in dataclasses.fields(Diagnosis)})
+    """The diagnosis as the analysis makes it when nothing could be read: its note says what it lacked."""
+    return dataclasses.replace(diagnosis, unreadable=diagnosis.limits[0], findings=())
 
 
 def test_a_diagnosis_that_found_no_steps_makes_the_trace_unreadable(tmp_path: Path,

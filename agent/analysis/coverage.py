@@ -37,15 +37,15 @@ def coverage(trace: Trace, step_time_us: float) -> Coverage:
     if not trace.events_read:
         skipped = ", ".join(f"{name} ({count})" for name, count in
                             sorted(trace.skipped.items(), key=lambda kv: -kv[1])[:5])
-        found = (f"its events are of kinds the readers do not use: {skipped}" if skipped
-                 else "it holds no events")
-        return Coverage(unreadable=f"Nothing to diagnose: {found}.")
+        return Coverage(unreadable="no events: the trace holds none that the analysis reads (operators, "
+                                   "CUDA runtime calls, kernels, copies, Python functions)"
+                                   + (f"; it holds {skipped}" if skipped else ""))
     if step_time_us <= 0:
-        return Coverage(unreadable="Nothing to diagnose: the trace's events take no time.")
+        return Coverage(unreadable="no steps: its events span no time to analyse")
     if not any(trace.count(kind) for kind in (Kind.HOST_OP, Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET,
                                               Kind.CPU_COMPUTE, Kind.STEP)):
-        return Coverage(unreadable="Nothing to diagnose: the trace has neither framework operations "
-                                   "nor device activity (only runtime calls or Python frames).")
+        return Coverage(unreadable="no operations: the trace has neither framework operations nor device "
+                                   "activity (only runtime calls or Python frames)")
     partial = []
     idle_devices = [gpu for gpu, count in trace.devices.items() if not count]
     if idle_devices and trace.active_devices:

@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuscope.analysis.intervals import IntervalSet
 from gpuscope.analysis.kernels import KERNEL_CLASSES, OPTIMIZER_KERNEL, KernelClass, classify, short_name
-from gpuscope.analysis.model import DEVICE_KINDS, Kind, Trace
+from gpuscope.analysis.model import DEVICE_KINDS, Kind, Trace, gpu_of
 from gpuscope.analysis.steps import OPTIMIZER_PREFIX
 
 MAX_OPS = 8  # operations kept in a profile, by device time
@@ -189,7 +189,7 @@ class _Profiler:
             class_us[stat.cls] += stat.us
         kernel_us = sum(us for cls, us in class_us.items() if cls not in ("memcpy", "memset"))
         small_us = sum(stat.small_us for stat in kernels.values())
-        devices = len({_gpu_of(trace.tracks[track]) for track in gpus})
+        devices = len({gpu_of(trace.tracks[track]) for track in gpus})
         return DeviceProfile(
             device_us=total, class_us=class_us, attributed_us=attributed_us, devices=max(devices, 1),
             kernels=count,
@@ -204,11 +204,6 @@ class _Profiler:
             return IntervalSet.empty()
         return IntervalSet.merge((ops.start[i], ops.start[i] + ops.dur[i]) for i in range(len(ops))
                                  if ops.name[i] in wanted)
-
-
-def _gpu_of(track: str) -> str:
-    """The GPU of a device track ("GPU 0 stream 7", "GPU 0 Stream #14(...)"): its first two words."""
-    return " ".join(track.split()[:2])
 
 
 class _Launches:

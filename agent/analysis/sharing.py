@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from gpuscope.analysis.findings import BOUNDS, Check, Evidence, Finding, percent
 from gpuscope.analysis.intervals import IntervalSet
-from gpuscope.analysis.model import DEVICE_KINDS, Trace
+from gpuscope.analysis.model import DEVICE_KINDS, Trace, gpu_of
 from gpuscope.analysis.patterns import REMEDIES
 from gpuscope.analysis.steps import find_steps
 
@@ -36,7 +36,7 @@ def device_timeline(trace: Trace, source: str) -> DeviceTimeline | None:
     drives several GPUs (its other GPUs' kernels share nothing with this GPU's other processes)."""
     if not trace.has_device or trace.epoch_ns is None:
         return None
-    gpus = {" ".join(trace.tracks[track].split()[:2]) for kind in DEVICE_KINDS
+    gpus = {gpu_of(trace.tracks[track]) for kind in DEVICE_KINDS
             for track in set(trace.spans[kind].track)}
     if len(gpus) != 1:
         return None

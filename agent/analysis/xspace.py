@@ -84,7 +84,8 @@ def read_xspace(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
         with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
             if len(data) > max_bytes:  # grew since stat()
                 raise TraceTooLargeError(f"{path}: the trace holds more than {max_bytes} bytes; not read")
-            planes = XSpaceReader(data, trace).read()
+            reader = XSpaceReader(data, trace)
+            planes = reader.read()
     except WireError as error:
         raise TraceFormatError(f"{path}: malformed XSpace at byte {error.offset}: {error}") from error
     except DecodeError as error:
@@ -96,7 +97,7 @@ def read_xspace(path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Trace:
     if not planes:
         raise TraceFormatError(f"{path}: not an XSpace (no planes)")
     if not trace.framework:  # a profile taken over the profiler server has no /host:metadata plane
-        trace.framework = _framework_from_names(trace.names) or _framework_from_lines(trace.tracks)
+        trace.framework = _framework_from_names(trace.names) or _framework_from_lines(reader.line_names)
     trace.finish()  # XLine timestamps are nanoseconds since the Unix epoch: base_ns is one of them
     return trace
 
@@ -110,12 +111,10 @@ def _framework_from_names(names: list[str]) -> str:
     return ""
 
 
-def _framework_from_lines(tracks: list[str]) -> str:
+def _framework_from_lines(lines: set[str]) -> str:
     """TensorFlow's op lines on a device or its own threads on the host name it."""
-    for track in tracks:
-        line = track.split(" ", 2)[2] if track.startswith("GPU ") and track.count(" ") >= 2 else track
-        if line in TENSORFLOW_LINES or line.startswith(TENSORFLOW_THREADS):
-            return "tensorflow"
+    if any(line in TENSORFLOW_LINES or line.startswith(TENSORFLOW_THREADS) for line in lines):
+        return "tensorflow"
     return ""
 
 
@@ -166,6 +165,7 @@ class XSpaceReader:
         self.base_ns: int | None = None  # the first line's start: times are kept small, and exact
         # Each GPU plane's Steps line: (start, duration, name), used when the host marks no steps.
         self.device_steps: dict[int, list[tuple[float, float, str]]] = {}
+        self.line_names: set[str] = set()  # of every plane read, kept or not: they name the framework
 
     def read(self) -> int:
         """Read every plane; how many there were."""
@@ -218,11 +218,13 @@ class XSpaceReader:
         """One line's events, the whole line at once or, when it is long, a run of events at a time."""
         if end - start <= EVENT_RUN_BYTES:
             line = xplane_pb2.XLine.FromString(self.data[start:end])
+            self.line_names.add(line.name)
             if events.wants(line):
                 events.add(line, line.events, self.origin_us(line))
             return
         header, runs = self.split_line(start, end)
         line = xplane_pb2.XLine.FromString(header)
+        self.line_names.add(line.name)
         if not events.wants(line):
             return
         origin_us = self.origin_us(line)
@@ -376,8 +378,6 @@ class DeviceEvents:
         self.by_metadata: dict[int, tuple[Kind, str]] = {}
 
     def wants(self, line: xplane_pb2.XLine) -> bool:
-        if line.name in TENSORFLOW_LINES:  # skipped, but it names the framework
-            self.trace.track_id(f"GPU {self.index} {line.name}")
         return line.name.startswith(STREAM_LINE_PREFIX) or line.name == STEPS_LINE
 
     def classify(self, metadata_id: int) -> tuple[Kind, str]:

@@ -61,10 +61,7 @@ class _Explained:
         if self.diagnosis is None:
             return {"source": self.source, "verdict": UNREADABLE, "unreadable": self.unreadable,
                     "findings": []}
-        data = self.diagnosis.to_json()
-        if self.unreadable:
-            data.update(verdict=UNREADABLE, unreadable=self.unreadable)
-        return data
+        return self.diagnosis.to_json()
 
 
 def explain_paths(paths: list[Path], *, as_json: bool, shown_as: str | None = None) -> int:
@@ -118,7 +115,7 @@ def _explain_files(files: list[tuple[Path, Path]], record: dict[str, Any] | None
         for of_device in diagnoses:
             shown = source + of_device.source[len(trace.source):]
             diagnosis = replace(of_device, source=shown)
-            missing = _missing(diagnosis)
+            missing = diagnosis.unreadable  # what it lacked for anything to be read
             explained.append(_Explained(shown, diagnosis, missing))
             if one_gpu:
                 timelines.append(device_timeline(trace, shown) if not missing and len(diagnoses) == 1
@@ -130,18 +127,6 @@ def _explain_files(files: list[tuple[Path, Path]], record: dict[str, Any] | None
         shared = iter(_with_sharing([e.diagnosis for e in explained if e.diagnosis is not None], timelines))
         explained = [replace(e, diagnosis=next(shared)) if e.diagnosis is not None else e for e in explained]
     return explained, compare_ranks(summaries) if summaries else None
-
-
-def _missing(diagnosis: Diagnosis) -> str:
-    """What a trace lacked for anything to be read in it; "" when it had what a diagnosis needs."""
-    if diagnosis.events == 0:
-        return ("no events: the trace holds none that the analysis reads (operators, CUDA runtime calls, "
-                "kernels, copies, Python functions)")
-    if diagnosis.verdict == UNREADABLE:  # the analysis's own note says what it lacked
-        return diagnosis.limits[0] if diagnosis.limits else "nothing in it could be analysed"
-    if diagnosis.mean_step_ms <= 0:
-        return "no steps: its events span no time to analyse"
-    return ""
 
 
 def _print_report(paths: list[Path], explained: list[_Explained], ranks: RanksReport | None,
