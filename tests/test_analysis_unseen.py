@@ -269,3 +269,49 @@ def test_explain_reports_each_gpu_of_a_process_that_drives_several(
     report = json.loads(capsys.readouterr().out)
     assert [trace["source"] for trace in report["traces"]] == [f"{path} [GPU 0]", f"{path} [GPU 1]"]
     assert all(trace["partial"] for trace in report["traces"])
+
+
+# -- fragments: a device with no kernel in the step, or a handful in the only step -------------------
+
+def test_a_gpu_that_ran_only_copies_is_inconclusive(tmp_path: Path) -> None:
+    events: list[dict[str, Any]] = []
+    for n in range(4):
+        t = BASE + n * 10_000.0
+        events += [
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1, "ts": t,
+             "dur": 10_000.0, "args": {}},
+            {"ph": "X", "cat": "user_annotation",
+             "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "pid": 1, "tid": 1,
+             "ts": t, "dur": 6_000.0, "args": {}},
+            {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "pid": 0, "tid": 7,
+             "ts": t + 6_100.0, "dur": 500.0, "args": {"stream": 7}}]
+    diagnosis = diagnosed(write(tmp_path / "copies.pt.trace.json.gz", events))
+    assert any("no kernel" in p for p in diagnosis.partial)
+    assert all(f.severity == "low" for f in diagnosis.findings)  # the input wait is there, but of no step
+    assert diagnosis.verdict == "inconclusive"
+
+
+def launches(steps: int) -> list[dict[str, Any]]:
+    """Steps of 3 ms, each of five launches half a millisecond apart of a kernel of a few microseconds."""
+    events: list[dict[str, Any]] = []
+    for n in range(steps):
+        t = BASE + n * 3_000.0
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1,
+                       "ts": t, "dur": 3_000.0, "args": {}})
+        for k in range(5):
+            corr = n * 10 + k + 1
+            events += [
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                 "ts": t + 100 + k * 500.0, "dur": 400.0, "args": {"correlation": corr}},
+                {"ph": "X", "cat": "kernel", "name": "reduce_kernel", "pid": 0, "tid": 7,
+                 "ts": t + 505 + k * 500.0, "dur": 5.0, "args": {"stream": 7, "correlation": corr}}]
+    return events
+
+
+def test_a_handful_of_kernels_in_one_step_is_a_fragment_not_a_bottleneck(tmp_path: Path) -> None:
+    fragment = diagnosed(write(tmp_path / "fragment.pt.trace.json.gz", launches(1)))
+    assert any("5 kernel(s) in one step" in p for p in fragment.partial)
+    assert fragment.verdict == "inconclusive"
+    # The same launches repeated over steps are a pattern: launch-bound, however few a step.
+    repeated = diagnosed(write(tmp_path / "steps.pt.trace.json.gz", launches(4)))
+    assert not repeated.partial and repeated.verdict == "launch_bound"

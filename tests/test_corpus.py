@@ -82,14 +82,7 @@ def test_manifest_is_complete() -> None:
         entry_files(entry)
 
 
-# An entry where gpuscope and the reading still disagree says so in the manifest
-# ("gpuscope_disagrees": why): its test is expected to fail, and passes the suite only while it does.
-CASES = [pytest.param(entry, id=entry["id"], marks=pytest.mark.xfail(reason=entry["gpuscope_disagrees"],
-                                                                     strict=True))
-         if entry.get("gpuscope_disagrees") else pytest.param(entry, id=entry["id"]) for entry in MANIFEST]
-
-
-@pytest.mark.parametrize("entry", CASES)
+@pytest.mark.parametrize("entry", MANIFEST, ids=[entry["id"] for entry in MANIFEST])
 def test_entry_matches_expert_reading(entry: dict) -> None:
     wrong = problems(entry)
     assert not wrong, f"{entry['id']}: " + "; ".join(wrong)

@@ -35,6 +35,7 @@ from gpuscope.analysis.findings import (
     HEALTHY,
     IDLE_BOUNDS,
     INCONCLUSIVE,
+    SEVERITIES,
     SYNCS_PER_STEP,
     UNREADABLE,
     Check,
@@ -136,14 +137,15 @@ class _Analysis:
 
     def run(self) -> Diagnosis:
         trace = self.trace
-        seen = coverage(trace, self.time)
+        seen = coverage(trace, self.window, self.n)
         if not seen.readable:
             return self._unreadable(seen)
         busy = self._busy()
         findings = self._on_device(busy) if busy is not None else self._on_host()
         if seen.partial:
             # What was seen holds, but not as the whole story: no finding is severe on part of a trace.
-            findings = [replace(f, severity="moderate") if f.severity == "high" else f for f in findings]
+            findings = [replace(f, severity=seen.cap)
+                        if SEVERITIES.index(f.severity) < SEVERITIES.index(seen.cap) else f for f in findings]
             self.limits.extend(seen.partial)
             self.conclusive = False
         if self.steps.method == "whole":
