@@ -125,7 +125,7 @@ class _Profiler:
     def run(self) -> DeviceProfile | None:
         trace = self.trace
         a, b = self.window
-        launches = _Launches(trace, self.window)
+        launches = Launches(trace, self.window)
         operators = _Outermost(trace)
         optimizer = self._optimizer_spans()
         optimizer_ops = operators.inside(optimizer)
@@ -206,8 +206,8 @@ class _Profiler:
                                  if ops.name[i] in wanted)
 
 
-class _Launches:
-    """The host call that launched each correlation id: its start and thread. Kept as the runtime
+class Launches:
+    """The host call that launched each correlation id: its start, end and thread. Kept as the runtime
     spans' indices sorted by correlation id (an array, searched by bisection), not a dict of them."""
 
     def __init__(self, trace: Trace, window: tuple[float, float]) -> None:
@@ -221,11 +221,20 @@ class _Launches:
         self.keys = array("q", (corr[i] for i in self.order))
 
     def get(self, correlation: int) -> tuple[float, int] | None:
+        """The launch call's start and thread."""
+        i = self._index(correlation)
+        return None if i < 0 else (self.runtime.start[i], self.runtime.track[i])
+
+    def end(self, correlation: int) -> float | None:
+        """When the launch call returned."""
+        i = self._index(correlation)
+        return None if i < 0 else self.runtime.start[i] + self.runtime.dur[i]
+
+    def _index(self, correlation: int) -> int:
         at = bisect_left(self.keys, correlation)
         if at < len(self.keys) and self.keys[at] == correlation:
-            i = self.order[at]
-            return self.runtime.start[i], self.runtime.track[i]
-        return None
+            return self.order[at]
+        return -1
 
 
 class _Outermost:

@@ -27,7 +27,7 @@ from typing import Any
 
 from gpuscope.analysis.busy_findings import BusyContext, busy_findings
 from gpuscope.analysis.coverage import Coverage, coverage
-from gpuscope.analysis.device_profile import device_profile
+from gpuscope.analysis.device_profile import Launches, device_profile
 from gpuscope.analysis.evidence import MAX_EVIDENCE, EvidenceFinder
 from gpuscope.analysis.findings import (
     BOUNDS,
@@ -209,7 +209,8 @@ class _Analysis:
                 if e - s <= SHORT_GAP_US and s > step.start and e < step.end]
         # A gap is the launches' when the host was behind: the next kernel's launch call returned after
         # the device ran out of work. A bubble between kernels already queued is the device's own.
-        host_gaps, queued = host_caused_gaps(self.trace, gaps)
+        launches = Launches(self.trace, self.window)
+        host_gaps, queued = host_caused_gaps(self.trace, launches, gaps)
         short_gaps = IntervalSet.merge(host_gaps)
         queued_gaps = IntervalSet.merge(queued)
         dispatching = self._merge_named((Kind.HOST_OP,), lambda name: bool(DISPATCH_OP.match(name)))
@@ -232,7 +233,8 @@ class _Analysis:
         # Inside a step, as between kernels: the host's only when the next work was launched after the
         # device ran out of it; with it queued, the device waits on a dependency (another stream, an
         # event, a peer's collective), whatever the host is doing meanwhile.
-        host_inside, queued_inside = host_caused_gaps(self.trace, list(rest.difference(between)))
+        host_inside, queued_inside = host_caused_gaps(self.trace, launches,
+                                                       list(rest.difference(between)))
         queued_gaps = queued_gaps.union(IntervalSet.merge(queued_inside))
         inside = IntervalSet.merge(host_inside)
         host_busy = inside.intersection(self._thread_time(track, (Kind.HOST_OP, Kind.PYTHON)))

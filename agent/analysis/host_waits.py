@@ -16,6 +16,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
 
+from gpuscope.analysis.device_profile import Launches
 from gpuscope.analysis.intervals import IntervalSet
 from gpuscope.analysis.model import DEVICE_KINDS, Kind, Trace
 from gpuscope.analysis.patterns import SYNC_OPS, SYNC_RUNTIME
@@ -26,35 +27,25 @@ SyncEvent = tuple[float, float, str, int]  # start, end, name, thread
 EPSILON_US = 1e-3  # a nanosecond: trace times are exact to it
 
 
-def host_caused_gaps(trace: Trace, gaps: Iterable[Gap]) -> tuple[list[Gap], list[Gap]]:
+def host_caused_gaps(trace: Trace, launches: Launches, gaps: Iterable[Gap]) -> tuple[list[Gap], list[Gap]]:
     """The gaps split into those the host caused and those with the next kernel already queued. A gap
     whose next kernel has no launch in the trace (XLA's, a trace without correlation ids) is counted
     as the host's, as nothing shows otherwise."""
-    launched = _launch_ends(trace)
     host: list[Gap] = []
     queued: list[Gap] = []
     for gap in gaps:
-        end = _launch_end_of_next(trace, launched, gap[1])
+        end = _launch_end_of_next(trace, launches, gap[1])
         (queued if end is not None and end <= gap[0] + EPSILON_US else host).append(gap)
     return host, queued
 
 
-def _launch_ends(trace: Trace) -> dict[int, float]:
-    """When each launch call (by correlation id) returned."""
-    runtime = trace.spans[Kind.RUNTIME]
-    return {runtime.corr[i]: runtime.start[i] + runtime.dur[i] for i in range(len(runtime))
-            if runtime.corr[i] >= 0}
-
-
-def _launch_end_of_next(trace: Trace, launched: dict[int, float], at: float) -> float | None:
+def _launch_end_of_next(trace: Trace, launches: Launches, at: float) -> float | None:
     """When the launch of the device event that starts at ``at`` returned; None when unknown."""
-    if not launched:
-        return None
     for kind in DEVICE_KINDS:
         spans = trace.spans[kind]
         i = bisect_left(spans.start, at - EPSILON_US)
         while i < len(spans) and spans.start[i] <= at + EPSILON_US:
-            end = launched.get(spans.corr[i]) if spans.corr[i] >= 0 else None
+            end = launches.end(spans.corr[i]) if spans.corr[i] >= 0 else None
             if end is not None:
                 return end
             i += 1
