@@ -1,7 +1,7 @@
 """The benchmark harnesses run from a checkout with nothing but the test environment: the side-by-side
 comparison on the simulated node, the RSS-by-import table, and the NVML floor's refusal where there
-is no NVML. Their figures are not judged here (they belong to the README, measured by hand): only that
-each harness runs and reports what it says it does."""
+is no NVML. Their figures are not judged here (they belong to docs/performance.md, measured by hand):
+only that each harness runs and reports what it says it does."""
 
 from __future__ import annotations
 
