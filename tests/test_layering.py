@@ -177,3 +177,20 @@ def test_finds_a_cycle_and_where_it_is() -> None:
                      "def f():\n    from ..alerts import engine\n")
     names = [name for name, _ in _imported(tree, "gpuscope.web.app", is_package=False)]
     assert sorted(names) == ["gpuscope.alerts.engine", "gpuscope.capture.model", "gpuscope.cli.x.y"]
+
+
+# The modules that import pynvml (agent/nvml/__init__.py says why each does); the simulator's fake
+# library installs itself under pynvml.
+PYNVML_IMPORTERS = {"gpuscope.nvml.boundary", "gpuscope.nvml.decoding", "gpuscope.nvml.errors",
+                    "gpuscope.nvml.gpm", "gpuscope.nvml.health", "gpuscope.nvml.mig"}
+
+
+def test_pynvml_is_imported_by_the_nvml_boundary_only() -> None:
+    importers = set()
+    for module, path, _ in _modules():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(name == "pynvml" or name.startswith("pynvml.") for name in names):
+                importers.add(module)
+    assert {m for m in importers if not m.startswith("gpuscope.simulate.")} == PYNVML_IMPORTERS

@@ -144,11 +144,6 @@ def point_of(reading: GpuReading, t: float, prev: Point | None, last_dips: int |
                  if mig_listed(reading, mig_known) else _held(reading, p.mig, devices))
 
 
-def on_device(process: ProcessReading, device: MigReading) -> bool:
-    """The process runs on this MIG device (its GPU and compute instance)."""
-    return process.gpu_instance == device.gpu_instance and process.compute_instance == device.compute_instance
-
-
 def _held(reading: GpuReading, prev: Mapping[str, MigPoint],
           devices: Mapping[str, InstanceOccupancy] | None) -> Mapping[str, MigPoint]:
     """The MIG devices of the previous point at a tick where they were not read: their busy counters
@@ -162,7 +157,7 @@ def _held(reading: GpuReading, prev: Mapping[str, MigPoint],
     out = {}
     for uuid, m in prev.items():
         device = devices.get(uuid) if compute and devices else None
-        job = device is not None and any(on_device(q, device.reading) for q in compute)
+        job = device is not None and any(device.reading.runs(q) for q in compute)
         out[uuid] = MigPoint(m.busy, job, m.n_job + job)
     return out
 
@@ -171,7 +166,7 @@ def _mig_points(reading: GpuReading, prev: Mapping[str, MigPoint]) -> dict[str, 
     out = {}
     compute = [p for p in reading.processes if p.kind == "compute" and p.gpu_instance is not None]
     for device in reading.mig_devices:
-        job = any(on_device(p, device) for p in compute)
+        job = any(device.runs(p) for p in compute)
         before = prev.get(device.uuid)
         out[device.uuid] = MigPoint(device.busy_seconds_total, job, (before.n_job if before else 0) + job)
     return out
@@ -364,7 +359,7 @@ class InstanceOccupancy:
         if processes is None:
             self.last_context = t
             return
-        on_it = self.processes = tuple([p for p in processes if on_device(p, reading)]) if processes else ()
+        on_it = self.processes = tuple([p for p in processes if reading.runs(p)]) if processes else ()
         if on_it:
             self.last_context = t
 
