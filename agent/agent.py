@@ -10,8 +10,9 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from gpuscope.alert_captures.event_lines import CaptureEventLines
+from gpuscope.alert_captures.verdicts import CaptureVerdicts
 from gpuscope.alerts.alertmanager import AlertmanagerNotifier, instance_label
-from gpuscope.alerts.capture_verdicts import CaptureVerdicts
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.eventlog import AlertEventLog
 from gpuscope.alerts.rules import build_rules
@@ -138,12 +139,13 @@ class Agent:
             if self.alerts is not None:
                 self.alerts.add_listener(self.captures.service.on_transition)
             self.registry.register(CaptureCollector(self.captures.service, self.captures.analysis))
+            event_lines = CaptureEventLines(self.event_log) if self.event_log is not None else None
             if self.captures.analysis is not None:
                 self.captures.analysis.add_listener(self.capture_verdicts.on_analysed)
-                if self.event_log is not None:
-                    self.captures.analysis.add_listener(self.event_log.record_analysis)
-            if self.event_log is not None:
-                self.captures.service.refusals.add_listener(self.event_log.record_refusal)
+                if event_lines is not None:
+                    self.captures.analysis.add_listener(event_lines.record_analysis)
+            if event_lines is not None:
+                self.captures.service.refusals.add_listener(event_lines.record_refusal)
             if settings.capture.webhook.enabled:
                 webhook_auth = build_webhook_auth(settings, self.web_config)
                 self.webhook = WebhookReceiver(self.captures.service.submit,

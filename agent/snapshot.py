@@ -98,6 +98,11 @@ class MigReading:
     # Seconds the GPU instance had a context active since the agent started: GPM's graphics activity
     # times the interval it covers, in place of the utilization samples NVML does not keep per instance.
     busy_seconds_total: float | None = None
+
+    def runs(self, process: ProcessReading) -> bool:
+        """The process runs on this MIG device: in its GPU instance and its compute instance. The one
+        test of it: the alert history, the status page, the command line and capture targets ask it."""
+        return process.gpu_instance == self.gpu_instance and process.compute_instance == self.compute_instance
     # The pod containers the kubelet allocated this MIG device to (by its MIG UUID).
     pods: tuple[PodContainer, ...] = ()
 

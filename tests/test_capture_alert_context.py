@@ -12,8 +12,9 @@ import pytest
 from test_analysis_diagnose import STEP_US, kernels, steps
 from test_capture_analysis import input_bound_trace
 
+from gpuscope.alert_captures.event_lines import CaptureEventLines
+from gpuscope.alert_captures.verdicts import CaptureVerdicts
 from gpuscope.alerts.alertmanager import AlertmanagerNotifier
-from gpuscope.alerts.capture_verdicts import CaptureVerdicts
 from gpuscope.alerts.config import AlertmanagerConfig, EventLogConfig
 from gpuscope.alerts.eventlog import AlertEventLog
 from gpuscope.alerts.model import Alert, Transition
@@ -169,7 +170,7 @@ def test_alertmanager_and_the_event_log_say_which_minutes_and_whether_it_account
 
         log = AlertEventLog(EventLogConfig(path=str(tmp_path / "alerts.jsonl")))
         try:
-            log.record_analysis(healthy)
+            CaptureEventLines(log).record_analysis(healthy)
             assert log.flush()
         finally:
             log.close()

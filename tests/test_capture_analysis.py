@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from test_analysis_diagnose import KinetoTrace, kernels, steps
 
+from gpuscope.alert_captures.event_lines import CaptureEventLines
+from gpuscope.alert_captures.verdicts import CaptureVerdicts
 from gpuscope.alerts.alertmanager import AlertmanagerNotifier
-from gpuscope.alerts.capture_verdicts import CaptureVerdicts
 from gpuscope.alerts.config import AlertmanagerConfig, EventLogConfig
 from gpuscope.alerts.eventlog import AlertEventLog
 from gpuscope.alerts.model import Alert
@@ -240,8 +241,9 @@ def test_the_event_log_follows_an_alert_with_what_its_capture_showed(store: Capt
                                                                      tmp_path: Path) -> None:
     log = AlertEventLog(EventLogConfig(path=str(tmp_path / "alerts.jsonl")))
     try:
-        log.record_analysis(analysed_record(store, Trigger("alert", alertname="GpuLowUtilization")))
-        log.record_analysis(analysed_record(store, Trigger("user", user="alice")))
+        lines = CaptureEventLines(log)
+        lines.record_analysis(analysed_record(store, Trigger("alert", alertname="GpuLowUtilization")))
+        lines.record_analysis(analysed_record(store, Trigger("user", user="alice")))
         assert log.flush()
     finally:
         log.close()

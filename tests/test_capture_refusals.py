@@ -16,6 +16,7 @@ from snapshots import FakeSource
 from test_cli_capture import cli
 from test_control_api import Node, one_gpu_snapshot, running_node
 
+from gpuscope.alert_captures.event_lines import CaptureEventLines
 from gpuscope.alerts.config import EventLogConfig
 from gpuscope.alerts.eventlog import AlertEventLog
 from gpuscope.capture.model import CaptureRecord, Trigger
@@ -82,7 +83,7 @@ def test_a_trigger_refused_by_the_cooldown_is_listed_everywhere(
         node: Node, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert node.service is not None
     event_log = AlertEventLog(EventLogConfig(path=str(tmp_path / "events.jsonl")))
-    node.service.refusals.add_listener(event_log.record_refusal)
+    node.service.refusals.add_listener(CaptureEventLines(event_log).record_refusal)
     try:
         assert alert_capture(node).outcome == "captured"
         refused = alert_capture(node)

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from gpuscope.alerts.capture_verdicts import CaptureVerdict, CaptureVerdicts
+from gpuscope.alerts.capture_verdicts import CaptureVerdict, CaptureVerdictSource
 from gpuscope.alerts.config import AlertmanagerConfig
 from gpuscope.alerts.model import Alert, AlertSource, Transition
 from gpuscope.common.addresses import format_host_port
@@ -114,7 +114,7 @@ class AlertmanagerNotifier:
         retry_initial_seconds: float = RETRY_INITIAL_SECONDS,
         retry_max_seconds: float = RETRY_MAX_SECONDS,
         health: SourceHealth | None = None,
-        verdicts: CaptureVerdicts | None = None,
+        verdicts: CaptureVerdictSource | None = None,
     ) -> None:
         self._health = health
         self._verdicts = verdicts

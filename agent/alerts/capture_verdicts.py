@@ -1,19 +1,19 @@
-"""What the capture an alert triggered showed, for the alert's own notifications.
+"""What the capture an alert triggered showed, as the alert's own notifications carry it.
 
-The analysis worker reports each analysed capture here; an alert (rule, GPU) then carries the latest
-verdict of a capture it triggered while it was active: Alertmanager gets it as the ``diagnosis`` and
-``capture_id`` annotations, so a person paged for a GPU at 40% reads why as well, and as
-``capture_context`` which minutes the alert judged and which the capture saw (a capture that does
-not account for its alert says so there, and in ``diagnosis``).
+An alert (rule, GPU) carries the latest verdict of a capture it triggered while it was active:
+Alertmanager gets it as the ``diagnosis`` and ``capture_id`` annotations, so a person paged for a GPU
+at 40% reads why as well, and as ``capture_context`` which minutes the alert judged and which the
+capture saw (a capture that does not account for its alert says so there, and in ``diagnosis``).
+
+The verdicts are kept from analysed capture records by ``gpuscope.alert_captures.verdicts``; this
+module holds only what the notifier reads, so that the alerts package imports nothing of the
+captures' (which import it).
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-
-from gpuscope.capture.alert_context import alert_context
-from gpuscope.capture.model import CaptureRecord
+from typing import Protocol
 
 CAPTURE_EARLY_SECONDS = 5.0  # a capture may start just before the engine's clock marks the alert active
 
@@ -30,32 +30,6 @@ class CaptureVerdict:
     accounts: bool | None = None
 
 
-class CaptureVerdicts:
-    """Thread-safe: the analysis thread writes, the notifier and the event log read."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._latest: dict[tuple[str, int], CaptureVerdict] = {}
-
-    def on_analysed(self, record: CaptureRecord) -> None:
-        """An analysis listener: keeps the verdict of a capture an alert triggered."""
-        analysis = record.analysis or {}
-        verdict = analysis.get("verdict")
-        alertname = record.trigger.alertname
-        if record.trigger.kind != "alert" or not alertname or record.gpu is None or not verdict:
-            return
-        headline = str(analysis.get("headline") or verdict)
-        context = alert_context(record.to_json())
-        found = CaptureVerdict(record.id, record.start, str(verdict), headline,
-                               context.text if context is not None else "",
-                               context.accounts if context is not None else None)
-        with self._lock:
-            key = (alertname, record.gpu)
-            if key not in self._latest or self._latest[key].start <= record.start:
-                self._latest[key] = found
-
+class CaptureVerdictSource(Protocol):
     def for_alert(self, alertname: str, gpu: int, active_since: float) -> CaptureVerdict | None:
         """The verdict of a capture this alert triggered since it became active, or None."""
-        with self._lock:
-            found = self._latest.get((alertname, gpu))
-        return found if found is not None and found.start >= active_since - CAPTURE_EARLY_SECONDS else None

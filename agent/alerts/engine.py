@@ -66,6 +66,7 @@ from gpuscope.alerts.model import (
     key_gpu,
 )
 from gpuscope.alerts.rules.base import Rule, slurm_jobs_text
+from gpuscope.common.cadence import Cadence
 from gpuscope.common.durations import format_duration
 from gpuscope.health import SourceHealth
 from gpuscope.snapshot import ProcessReading, Snapshot
@@ -117,8 +118,8 @@ class AlertEngine:
         self._counts: dict[tuple[str, TransitionState], int] = {}
         self._wall = 0.0  # the current snapshot's timestamp: the transitions' time
         self._failing: set[str] = set()  # rules whose evaluation raised (logged once until it recovers)
-        self._evaluate_every = evaluation_interval_seconds
-        self._evaluated_at: float | None = None  # monotonic: the last evaluation's snapshot
+        # The tick is each snapshot's interval, set as it comes.
+        self._evaluation = Cadence(evaluation_interval_seconds, 0.0)
         self._evaluated_events: tuple[Any, ...] | None = None  # _events() at the last evaluation
 
     # ------------------------------------------------------------ AlertSource
@@ -149,15 +150,14 @@ class AlertEngine:
         history = self.history
         history.observe(snapshot)
         now = snapshot.monotonic
-        if self._evaluate_every > 0:
+        evaluation = self._evaluation
+        if not evaluation.every_tick:
             events = _events(snapshot)
-            # Ticks come a little early or late: half an interval of slack keeps "every 5 s" from
-            # becoming every 6.
-            due = self._evaluate_every - snapshot.interval_seconds / 2
-            if (self._evaluated_at is not None and now - self._evaluated_at < due
-                    and events == self._evaluated_events):
+            evaluation.tick_seconds = snapshot.interval_seconds
+            if not evaluation.due(now) and events == self._evaluated_events:
                 return []
-            self._evaluated_at, self._evaluated_events = now, events
+            evaluation.done(now)
+            self._evaluated_events = events
         wall = self._wall = snapshot.timestamp
         ended: dict[str, list[_Ended]] = {}
         failed = False

@@ -19,7 +19,9 @@ the alert judged and which the capture saw, and whether the verdict accounts for
 transition lines have no ``event``. A capture trigger the agent refused writes a line with
 ``"event": "capture_refused"``: the trigger (its kind, the alert's name), the GPU, the reason
 (cooldown, budget, quota, busy, ...), the agent's message, and ``allowed_at`` (Unix seconds: when a
-trigger like it would next be allowed; null when not known).
+trigger like it would next be allowed; null when not known). Those two kinds of line are written
+through ``record_event`` by ``gpuscope.alert_captures.event_lines``, which reads capture records:
+the alerts package itself imports nothing of the captures', which import it.
 """
 
 from __future__ import annotations
@@ -31,15 +33,12 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from gpuscope.alerts.config import EventLogConfig
 from gpuscope.alerts.model import Transition
-from gpuscope.capture.alert_context import alert_context
-from gpuscope.capture.model import CaptureRecord
-from gpuscope.capture.refusals import RefusedTrigger
 from gpuscope.health import SourceHealth
 from gpuscope.threads import start_thread
 
@@ -100,34 +99,11 @@ class AlertEventLog:
             self._keep([line])
             self._wake.notify()
 
-    def record_analysis(self, record: CaptureRecord) -> None:
-        """Queue the line of an analysed capture that an alert triggered (an analysis listener): the
-        alert's transitions are then followed by what its capture showed."""
-        analysis = record.analysis or {}
-        if record.trigger.kind != "alert" or not analysis:
-            return
-        context = alert_context(record.to_json())
-        line = _encode({"version": SCHEMA_VERSION, "event": "capture_analysis",
-                        "name": record.trigger.alertname, "gpu": record.gpu, "capture_id": record.id,
-                        "at": time.time(), "verdict": analysis.get("verdict"),
-                        "headline": analysis.get("headline"), "skipped": analysis.get("skipped"),
-                        "findings": [{k: f.get(k) for k in ("kind", "severity", "share", "summary")}
-                                     for f in analysis.get("findings") or ()],
-                        "alert": context.to_json() if context is not None else None})
-        with self._wake:
-            if self._closed:
-                return
-            self._keep([line])
-            self._wake.notify()
-
-    def record_refusal(self, refused: RefusedTrigger) -> None:
-        """Queue the line of a refused capture trigger (a refusal log listener; never blocks on I/O)."""
-        trigger = refused.trigger
-        line = _encode({"version": SCHEMA_VERSION, "event": "capture_refused", "at": refused.at,
-                        "trigger": trigger.kind, "name": trigger.alertname, "user": trigger.user,
-                        "gpu": refused.gpu, "pid": refused.pid, "mig_uuid": refused.mig_uuid,
-                        "reason": refused.reason, "message": refused.message,
-                        "allowed_at": refused.allowed_at})
+    def record_event(self, event: str, fields: Mapping[str, Any]) -> None:
+        """Queue a line that is not a transition (``"event": event`` and ``fields``, which must not
+        name ``version`` or ``event``): what a capture an alert triggered showed, a refused capture
+        trigger (``gpuscope.alert_captures.event_lines``). Never blocks on I/O."""
+        line = _encode({"version": SCHEMA_VERSION, "event": event, **fields})
         with self._wake:
             if self._closed:
                 return

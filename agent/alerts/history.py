@@ -16,7 +16,7 @@ window, at least a tick), and ``NodeHistory.span`` differences the latest point 
 the window's start. Ten minutes at a 1 s interval are then 60 marks rather than 600 points. Each GPU
 also keeps what such rules read of the present: its latest reading, since when each of its compute
 processes has held it, since when each pod container has been allocated it, and when a process last
-held a context on it (``Occupancy``).
+held a context on it (``Occupancy``, in ``alerts/occupancy.py``).
 
 A GPU in MIG mode has no utilization of its own: rules judge each of its MIG devices instead. Each
 point then also carries, per MIG device (by its UUID), the device's busy-seconds counter as read and
@@ -40,7 +40,12 @@ from collections import deque
 from collections.abc import Collection, Iterator, Mapping
 from typing import NamedTuple
 
-from gpuscope.snapshot import GpuReading, MigReading, PodContainer, ProcessReading, Snapshot
+from gpuscope.alerts.occupancy import InstanceOccupancy, Occupancy, mig_listed
+from gpuscope.snapshot import GpuReading, Snapshot
+
+# The occupancy's types are named here too: the rules read them beside the history that keeps them.
+__all__ = ["MARKS_PER_WINDOW", "MIN_COVERAGE", "InstanceOccupancy", "MigPoint", "NodeHistory", "Occupancy",
+           "Point", "Span", "Window", "mig_listed", "point_of"]
 
 # Below this fraction of a window covered by history (the agent's first seconds, a GPU just seen),
 # rules do not judge the window: a few seconds of data are no evidence of a trend.
@@ -98,13 +103,6 @@ _ZERO = Point(0.0, False, None, None, None, (), _NO_XIDS, None, 0, 0.0, 0, 0.0, 
               _NO_MIG)
 
 
-def mig_listed(reading: GpuReading, mig_known: bool) -> bool:
-    """The reading's MIG devices are the GPU's now: it was read this tick and its devices were listed
-    (or known to be none: MIG mode off, or no listing failed). ``mig_known`` False: a MIG device
-    listing failed this tick (Snapshot.sample_errors)."""
-    return reading.up and (mig_known or bool(reading.mig_devices) or not reading.mig_enabled)
-
-
 def point_of(reading: GpuReading, t: float, prev: Point | None, last_dips: int | None,
              mig_known: bool = True, *, devices: Mapping[str, InstanceOccupancy] | None = None) -> Point:
     """The reading as a Point, its running sums continued from ``prev`` (None: the first point);
@@ -144,11 +142,6 @@ def point_of(reading: GpuReading, t: float, prev: Point | None, last_dips: int |
                  if mig_listed(reading, mig_known) else _held(reading, p.mig, devices))
 
 
-def on_device(process: ProcessReading, device: MigReading) -> bool:
-    """The process runs on this MIG device (its GPU and compute instance)."""
-    return process.gpu_instance == device.gpu_instance and process.compute_instance == device.compute_instance
-
-
 def _held(reading: GpuReading, prev: Mapping[str, MigPoint],
           devices: Mapping[str, InstanceOccupancy] | None) -> Mapping[str, MigPoint]:
     """The MIG devices of the previous point at a tick where they were not read: their busy counters
@@ -162,7 +155,7 @@ def _held(reading: GpuReading, prev: Mapping[str, MigPoint],
     out = {}
     for uuid, m in prev.items():
         device = devices.get(uuid) if compute and devices else None
-        job = device is not None and any(on_device(q, device.reading) for q in compute)
+        job = device is not None and any(device.reading.runs(q) for q in compute)
         out[uuid] = MigPoint(m.busy, job, m.n_job + job)
     return out
 
@@ -171,7 +164,7 @@ def _mig_points(reading: GpuReading, prev: Mapping[str, MigPoint]) -> dict[str, 
     out = {}
     compute = [p for p in reading.processes if p.kind == "compute" and p.gpu_instance is not None]
     for device in reading.mig_devices:
-        job = any(on_device(p, device) for p in compute)
+        job = any(device.runs(p) for p in compute)
         before = prev.get(device.uuid)
         out[device.uuid] = MigPoint(device.busy_seconds_total, job, (before.n_job if before else 0) + job)
     return out
@@ -337,94 +330,6 @@ class Span:
         """The share of the span the MIG device was busy (its busy-seconds counter from the mark to
         now); None where that counter covers less than MIN_COVERAGE of ``seconds``."""
         return _busy_share(self._base, self.last, device, seconds)
-
-
-class InstanceOccupancy:
-    """Who holds one MIG device now and since when (``Occupancy`` of a device): updated in place each
-    tick the device is listed; a tick at which the GPU's MIG devices are not known keeps it."""
-
-    __slots__ = ("first_busy", "first_seen", "last_context", "pods_since", "processes", "reading")
-
-    def __init__(self, t: float, reading: MigReading) -> None:
-        self.first_seen = t
-        self.reading = reading  # the latest reading
-        self.processes: tuple[ProcessReading, ...] = ()  # the latest known processes on the device
-        self.pods_since: dict[PodContainer, float] = {}  # allocated pod container -> first tick seen
-        self.last_context: float | None = None  # last tick with a process on it, or an unknown list
-        self.first_busy: tuple[float, float] | None = None  # (tick, counter) of its first busy-seconds
-
-    def update(self, t: float, reading: MigReading, processes: tuple[ProcessReading, ...] | None) -> None:
-        """``processes``: the GPU's processes this tick, None where the list is not known."""
-        self.reading = reading
-        if reading.pods or self.pods_since:
-            pods = self.pods_since
-            self.pods_since = {pod: pods.get(pod, t) for pod in reading.pods}
-        if self.first_busy is None and reading.busy_seconds_total is not None:
-            self.first_busy = (t, reading.busy_seconds_total)
-        if processes is None:
-            self.last_context = t
-            return
-        on_it = self.processes = tuple([p for p in processes if on_device(p, reading)]) if processes else ()
-        if on_it:
-            self.last_context = t
-
-
-class Occupancy:
-    """Who holds one GPU now and since when, as far as the agent has seen: updated in place each tick.
-
-    Times are the snapshots' monotonic clock. A tick at which the process lists are not known (the
-    GPU is down, or NVML's process listing failed) changes neither ``processes`` nor ``held_since``,
-    and counts as a tick at which a process may have held a context (``last_context``): an unknown
-    is never taken for "no process".
-    """
-
-    __slots__ = ("first_seen", "held_since", "instances", "last_context", "pods_since", "processes",
-                 "reading")
-
-    def __init__(self, t: float, reading: GpuReading) -> None:
-        self.first_seen = t  # the first tick of this GPU (this UUID at this index)
-        self.reading = reading  # the latest reading
-        self.processes: tuple[ProcessReading, ...] = ()  # the latest known process list
-        self.held_since: dict[int, float] = {}  # compute process pid -> first tick it was seen on the GPU
-        self.pods_since: dict[PodContainer, float] = {}  # allocated pod container -> first tick seen
-        self.last_context: float | None = None  # last tick with a process on the GPU, or an unknown list
-        # MIG mode: its MIG devices by UUID, as last listed.
-        self.instances: dict[str, InstanceOccupancy] = {}
-
-    def update(self, t: float, reading: GpuReading, processes_known: bool, mig_known: bool = True) -> None:
-        self.reading = reading
-        if reading.pods or self.pods_since:
-            pods = self.pods_since
-            self.pods_since = {pod: pods.get(pod, t) for pod in reading.pods}
-        if reading.mig_devices or self.instances:
-            self._update_instances(t, reading, processes_known, mig_known)
-        if not (reading.up and processes_known):
-            self.last_context = t
-            return
-        processes = self.processes = reading.processes
-        if processes:
-            self.last_context = t
-        held = self.held_since
-        if processes or held:
-            self.held_since = {p.pid: held.get(p.pid, t) for p in processes if p.kind == "compute"}
-
-    def _update_instances(self, t: float, reading: GpuReading, processes_known: bool,
-                          mig_known: bool) -> None:
-        """The MIG devices listed now replace those listed before; a GPU that is down, or whose
-        devices could not be listed this tick (``mig_listed``), keeps the ones it had (with an unknown
-        process list when the GPU is down)."""
-        known = reading.processes if reading.up and processes_known else None
-        instances = self.instances
-        if not mig_listed(reading, mig_known):
-            for device in instances.values():
-                device.update(t, device.reading, known)
-            return
-        current = {}
-        for mig in reading.mig_devices:
-            device = instances.get(mig.uuid) or InstanceOccupancy(t, mig)
-            device.update(t, mig, known)
-            current[mig.uuid] = device
-        self.instances = current
 
 
 class _GpuHistory:

@@ -46,7 +46,7 @@ cpu, memory = int(sys.argv[1]), int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 os.nice(10)
-from gpuscope.cli.explain import explain_path
+from gpuscope.capture.explanation import explain_path
 sys.exit(explain_path(Path(sys.argv[3]), as_json=True))
 """
 

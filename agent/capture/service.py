@@ -404,9 +404,8 @@ def on_mig_device(gpu: GpuReading, mig_uuid: str | None,
                     if (d.uuid == mig_uuid if mig_uuid is not None else d.gpu_instance == gpu_instance))
     if not devices:
         return None
-    on_them = {(d.gpu_instance, d.compute_instance) for d in devices}
     return replace(gpu, mig_devices=devices, processes=tuple(
-        p for p in gpu.processes if (p.gpu_instance, p.compute_instance) in on_them))
+        p for p in gpu.processes if any(d.runs(p) for d in devices)))
 
 
 def _on_requested_device(gpu: GpuReading | None, request: CaptureRequest,

@@ -32,6 +32,7 @@ that would pass it: nothing more reaches the disk), and the store's file system 
 ``min_free_bytes`` free: a chunk that would eat into it first evicts the oldest captures, and when
 none is left, the capture stops (CaptureDiskError). Both, and any write error of the agent's own
 disk, are noted on the staging area (``agent_failure``): the capture failed on the agent's side.
+The staging area is ``capture/staging.py``; the store's errors are ``capture/store_errors.py``.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any
 
-from gpuscope.capture.model import CaptureError, CaptureRecord, Outcome
+from gpuscope.capture.model import CaptureRecord, Outcome
 from gpuscope.capture.records import (
     MAX_RECORD_BYTES,
     RECORD_FILE,
@@ -61,19 +62,26 @@ from gpuscope.capture.records import (
     record_from_bytes,
     record_to_bytes,
 )
+from gpuscope.capture.staging import Staging
+from gpuscope.capture.store_errors import (
+    CaptureDiskError,
+    CaptureNotFoundError,
+    CaptureQuotaError,
+    CaptureStoreError,
+    CaptureStoreInUseError,
+)
 from gpuscope.common.sizes import format_size
 from gpuscope.common.unixfs import (
-    NewFile,
     UnsafePathError,
     fsync_path,
     private_directory,
     read_bounded,
     remove_tree,
-    safe_file_name,
     write_new_file,
 )
 from gpuscope.common.user_paths import check_fallback_runtime_dir
 
+# The store's names, for its callers: the staging area and the errors are modules of their own.
 __all__ = [
     "CaptureDiskError",
     "CaptureIdError",
@@ -95,69 +103,10 @@ MAX_DEPTH = 16  # directory levels inside one capture (plugins/profile/<run>/ is
 MAX_FILES = 10_000  # files inside one capture
 
 
-class CaptureStoreError(CaptureError):
-    """The store cannot do what was asked; the message says why."""
-
-
-class CaptureStoreInUseError(CaptureStoreError):
-    """Another agent holds the store's lock; ``pid`` names it when its lock file says."""
-
-    def __init__(self, message: str, pid: int | None = None) -> None:
-        super().__init__(message)
-        self.pid = pid
-
-
-class CaptureNotFoundError(CaptureStoreError, LookupError):
-    """No complete capture with this id."""
-
-
-class CaptureQuotaError(CaptureStoreError):
-    """The capture does not fit in the store's quota even with every other capture evicted."""
-
-
-class CaptureDiskError(CaptureStoreError):
-    """The store's file system cannot take the capture and keep min_free_bytes free, even with every
-    other capture evicted (or a write failed: no space, an I/O error)."""
-
-
 def file_system_free_bytes(path: Path) -> int:
     """Bytes an unprivileged writer may still use on ``path``'s file system."""
     info = os.statvfs(path)
     return info.f_bavail * info.f_frsize
-
-
-class _ClaimingWriter:
-    """A staging file's writer: each chunk is claimed from the store before it is written, and a
-    write error is noted on the staging area (the agent's own disk failed, not the target)."""
-
-    def __init__(self, inner: BinaryIO, staging: Staging) -> None:
-        self._inner = inner
-        self._staging = staging
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        size = memoryview(data).nbytes
-        self._staging.claim(size)
-        try:
-            return self._inner.write(data)
-        except OSError as err:
-            raise self._staging.failed(CaptureDiskError(
-                f"cannot write to the capture store: {err.strerror or err}")) from err
-
-    def flush(self) -> None:
-        self._inner.flush()
-
-    def fileno(self) -> int:
-        return self._inner.fileno()
-
-    def close(self) -> None:
-        self._inner.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._inner.closed
-
-    def __getattr__(self, name: str) -> Any:  # what gzip.GzipFile or a caller may ask of a file
-        return getattr(self._inner, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,63 +116,6 @@ class StoredFile:
     relative: str
     path: Path
     size: int
-
-
-class Staging:
-    """A capture in progress: a private directory the backends write into, until commit or abort."""
-
-    __slots__ = ("_lock", "_store", "agent_failure", "begun", "claimed", "id", "path")
-
-    def __init__(self, store: CaptureStore, capture_id: str, path: Path, begun: float) -> None:
-        self._store = store
-        self.id = capture_id
-        self.path = path
-        self.begun = begun  # wall clock (Unix seconds) at begin()
-        self.claimed = 0  # bytes the backends wrote (or are writing) into this capture
-        # Why the capture failed on the agent's side (quota, disk), if it did: the service then
-        # reports it as the agent's failure, not the target's, and charges no budget for it.
-        self.agent_failure: CaptureStoreError | None = None
-        self._lock = threading.Lock()  # the backends of one capture write at the same time
-
-    def claim(self, size: int) -> None:
-        """Make room for ``size`` more bytes of this capture, before they are written (evicting the
-        oldest captures if the file system's min_free_bytes needs it); CaptureQuotaError or
-        CaptureDiskError (both noted in ``agent_failure``) when there is none."""
-        with self._lock:
-            try:
-                self._store._claim(self, size)
-            except CaptureStoreError as err:
-                raise self.failed(err) from None
-            self.claimed += size
-
-    def failed(self, error: CaptureStoreError) -> CaptureStoreError:
-        """Note ``error`` as the agent's side of a failed capture (the first one is kept); returns it."""
-        if self.agent_failure is None:
-            self.agent_failure = error
-        return error
-
-    @property
-    def run(self) -> str:
-        """The TensorBoard run name of this capture's traces (the capture id: it sorts by time)."""
-        return self.id
-
-    def new_file(self, stem: str, suffix: str, *, folders: tuple[str, ...] = ()) -> NewFile:
-        """A file ``<folders>/<stem>[-N]<suffix>`` of this capture, for a backend to fill and then
-        ``publish()`` (atomically, never replacing a file; its path relative to the capture is
-        returned). Left unpublished, it is removed. ``folders`` and ``stem`` must be plain names."""
-        for part in (*folders, stem + suffix):
-            if not part or part != safe_file_name(part, limit=255, default=""):
-                raise CaptureStoreError(f"{part!r} is not a plain file or folder name")
-        try:
-            new = NewFile(self.path.joinpath(*folders), stem, suffix, relative_to=self.path)
-        except OSError as err:
-            raise self.failed(CaptureDiskError(f"cannot create a file in the capture store: "
-                                               f"{err.strerror or err}")) from err
-        new.file = cast(BinaryIO, _ClaimingWriter(new.file, self))
-        return new
-
-    def __repr__(self) -> str:
-        return f"Staging({self.id!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,7 +269,7 @@ class CaptureStore:
     def abort(self, staging: Staging) -> None:
         """Drop a capture in progress and its files. Safe to call twice, or after commit."""
         with self._lock:
-            if staging._store is not self or staging.id not in self._open:
+            if staging.owner is not self or staging.id not in self._open:
                 return
             self._open.discard(staging.id)
         _remove(staging.path)
@@ -391,7 +283,7 @@ class CaptureStore:
         touched unless the capture was published (only then are older captures evicted).
         """
         with self._lock:
-            if staging._store is not self or staging.id not in self._open:
+            if staging.owner is not self or staging.id not in self._open:
                 raise CaptureStoreError(f"capture {staging.id} is not in progress in this store "
                                         "(already committed or aborted?)")
         try:
@@ -467,7 +359,7 @@ class CaptureStore:
             self._index[capture_id] = _Entry(record, entry.disk_bytes - old_size + len(payload))
             return record
 
-    def _claim(self, staging: Staging, size: int) -> None:
+    def claim_room(self, staging: Staging, size: int) -> None:
         """Room for ``size`` more bytes of ``staging`` within the quota and the file system's
         min_free_bytes (see the module's docstring)."""
         with self._lock:

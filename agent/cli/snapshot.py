@@ -140,8 +140,7 @@ def _mig_row(gpu: GpuReading, device: MigReading, before: dict[str, tuple[float,
     if device.uuid in before and device.busy_seconds_total is not None:
         elapsed, busy = before[device.uuid]
         share = min(1.0, max(0.0, (device.busy_seconds_total - busy) / elapsed))
-    on_it = [p for p in gpu.compute_processes
-             if p.gpu_instance == device.gpu_instance and p.compute_instance == device.compute_instance]
+    on_it = [p for p in gpu.compute_processes if device.runs(p)]
     used, total = device.memory_used_bytes, device.memory_total_bytes
     memory = f"{_fmt(used, _GIB, '.1f')}/{_fmt(total, _GIB, '.0f')} GiB"
     return (

@@ -238,12 +238,6 @@ def check_socket_path(path: Path) -> None:
                                                   "bytes, the most a Unix socket address holds")
 
 
-def socket_answers(path: Path, kind: socket.SocketKind = socket.SOCK_STREAM, timeout: float = 1.0) -> bool:
-    """Whether a process serves the socket file ``path`` (a connect succeeds); False for a socket
-    left by a process that is gone (the connection is refused)."""
-    return _serving_pid(path, kind, timeout) is not None
-
-
 def _serving_pid(path: Path, kind: socket.SocketKind, timeout: float) -> int | None:
     """None when nobody serves ``path``; else the serving process's pid, 0 when the kernel does not
     say (a datagram socket has no peer credentials)."""

@@ -1,4 +1,5 @@
-"""The NVML boundary: the only module of the agent that imports ``pynvml``.
+"""The NVML boundary: what the rest of the agent calls NVML through (``pynvml`` is imported only here
+and in the helpers of this package it delegates to: ``errors``, ``decoding``, ``mig``, ``gpm``, ``health``).
 
 It turns NVML's C-shaped API into plain typed readings: one call per (device, reading), each isolated,
 with "not supported" remembered per device (so the agent stops asking) and kept distinct from an

@@ -18,17 +18,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from gpuscope.common.cadence import Cadence
 from gpuscope.health import SourceHealth
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml.boundary import GpuLostError, Nvml, NvmlDevice, NvmlUnavailable
 from gpuscope.nvml.clock_events import decode_clock_event_reasons
 from gpuscope.nvml.readings import DeviceReadings, MigDeviceReadings
 from gpuscope.nvml.xid import XidWatcher
-from gpuscope.sampling.busy_time import GpmActiveTime, GpuBusyTime, ProcessBusyTime
-from gpuscope.sampling.counters import RateIntegrator, ResetSafeCounter
-from gpuscope.sampling.energy_split import EnergySplit
+from gpuscope.sampling.gpu_state import GpuState, ReadCadences
 from gpuscope.sampling.idle_dips import IdleDipCounter
 from gpuscope.sampling.read_guard import ReadGuard
 from gpuscope.snapshot import (
@@ -67,31 +65,6 @@ _plain_values = operator.attrgetter(*PLAIN_READINGS)
 
 def _no_pods(_uuid: str, _index: int) -> tuple[PodContainer, ...]:
     return ()  # not a Kubernetes node, or pod attribution disabled
-
-
-@dataclass(slots=True)
-class _GpuState:
-    """What the sampler carries from one tick to the next for one GPU."""
-
-    dips: IdleDipCounter
-    energy: ResetSafeCounter = field(default_factory=ResetSafeCounter)
-    energy_read_at: float | None = None  # when the energy counter was last asked for (sampler clock)
-    samples_read_at: float | None = None  # when the utilization samples were last asked for
-    health_read_at: float | None = None  # when the health readings were last asked for
-    throttle_read_at: float | None = None  # when the throttle counters were last asked for
-    gpm_read_at: float | None = None  # when a GPM sample was last taken
-    pcie_tx: RateIntegrator = field(default_factory=RateIntegrator)
-    pcie_rx: RateIntegrator = field(default_factory=RateIntegrator)
-    busy: GpuBusyTime = field(default_factory=GpuBusyTime)
-    gpm_active: GpmActiveTime = field(default_factory=GpmActiveTime)
-    process_busy: ProcessBusyTime = field(default_factory=ProcessBusyTime)
-    process_samples_seen: bool = False  # the GPU has reported per-process samples at least once
-    energy_split: EnergySplit = field(default_factory=EnergySplit)
-    # MIG: seconds each GPU instance was active (GPM's graphics activity times its interval), and the
-    # MIG devices last read (reported, with their pods, while the GPU cannot be read).
-    instance_busy: dict[tuple[int, frozenset[str]], float] = field(default_factory=dict)
-    mig_devices: tuple[MigReading, ...] = ()
-    lost: bool = False
 
 
 class Sampler:
@@ -133,19 +106,16 @@ class Sampler:
         self._pods = pods or _no_pods
         self._health = health
         self._expected_gpus = expected_gpus
-        # A tick reads a GPU's energy counter once this much has passed since it last did. Ticks come
-        # a little early or late: half an interval of slack keeps "every 10 s" from becoming every 11.
-        self._energy_every = max(0.0, energy_interval_seconds - interval_seconds / 2)
-        self._samples_every = max(0.0, samples_interval_seconds - interval_seconds / 2)
-        self._health_every = max(0.0, health_interval_seconds - interval_seconds / 2)
-        self._throttle_every = max(0.0, throttle_interval_seconds - interval_seconds / 2)
-        self._gpm_every = max(0.0, gpm_interval_seconds - interval_seconds / 2)
+        # A tick reads a GPU's energy counter (and the other readings with an interval of their own)
+        # once that interval has passed since it last did (common/cadence.py).
+        self._read_periods = (energy_interval_seconds, samples_interval_seconds, health_interval_seconds,
+                              throttle_interval_seconds, gpm_interval_seconds)
         self._nvlink_per_link = nvlink_per_link
         self._process_seconds = 0.0  # this tick's time in process mapping (part of every GPU's read)
 
         self._devices: list[NvmlDevice] = []
         self._driver_version: str | None = None
-        self._states: dict[int, _GpuState] = {}
+        self._states: dict[int, GpuState] = {}
         self._xid: XidWatcher | None = None
         self._next_init_at = 0.0
         self._backoff = retry_initial_seconds
@@ -358,7 +328,9 @@ class Sampler:
             log.warning("NVML lists %d GPU(s), %d expected (nvml.expected_gpus): /-/ready fails until "
                         "they are all readable", len(devices), self._expected_gpus)
         self._states = {
-            d.identity.index: _GpuState(IdleDipCounter(self._dip_threshold, self._dip_max_us))
+            d.identity.index: GpuState(IdleDipCounter(self._dip_threshold, self._dip_max_us),
+                                        ReadCadences(*(Cadence(period, self._interval)
+                                                        for period in self._read_periods)))
             for d in self._devices
         }
         log.info("NVML up: driver %s, %d GPU(s)", self._driver_version, len(self._devices))
@@ -392,11 +364,9 @@ class Sampler:
             state.busy.interrupted()
             return self._down(device, xids, state)
         self._guard.begin(generation, ident.index, time.monotonic())
-        read_energy = state.energy_read_at is None or now - state.energy_read_at >= self._energy_every
-        read_samples = state.samples_read_at is None or now - state.samples_read_at >= self._samples_every
-        read_health = state.health_read_at is None or now - state.health_read_at >= self._health_every
-        read_throttle = state.throttle_read_at is None or now - state.throttle_read_at >= self._throttle_every
-        read_gpm = state.gpm_read_at is None or now - state.gpm_read_at >= self._gpm_every
+        reads = state.reads
+        due = reads.due(now)
+        read_energy, read_samples, read_health, read_throttle, read_gpm = due
         try:
             raw: DeviceReadings | None = self._nvml.read(
                 device, energy=read_energy, samples=read_samples, health=read_health, throttle=read_throttle,
@@ -404,7 +374,8 @@ class Sampler:
         except GpuLostError as err:
             raw = None
             # What the boundary dropped at the loss is read again as soon as the GPU is back.
-            state.health_read_at = state.throttle_read_at = state.gpm_read_at = None
+            for cadence in (reads.health, reads.throttle, reads.gpm):
+                cadence.reset()
             if not state.lost:
                 log.warning("GPU %d (%s) is lost: %s; the other GPUs keep reporting",
                             ident.index, ident.uuid, err)
@@ -422,19 +393,10 @@ class Sampler:
         if state.lost:
             log.info("GPU %d (%s) is readable again", ident.index, ident.uuid)
             state.lost = False
-        if read_energy:
-            state.energy_read_at = now
-        if read_samples:
-            state.samples_read_at = now
-        if read_health:
-            state.health_read_at = now
-        if read_throttle:
-            state.throttle_read_at = now
-        if read_gpm:
-            state.gpm_read_at = now
+        reads.done(now, due)
         return self._to_reading(device, raw, state, xids, now)
 
-    def _down(self, device: NvmlDevice, xids: dict[int, int], state: _GpuState) -> GpuReading:
+    def _down(self, device: NvmlDevice, xids: dict[int, int], state: GpuState) -> GpuReading:
         """A GPU that could not be read this tick (lost, or held by a stuck call): identity, Xid counts
         and pods only, and its MIG devices as last read (their allocations hold; their readings are
         not exported while the GPU is down)."""
@@ -444,7 +406,7 @@ class Sampler:
                           up=False, mig_enabled=ident.mig_enabled, xid_errors=xids,
                           pods=self._pods(ident.uuid, ident.index), mig_devices=mig)
 
-    def _to_reading(self, device: NvmlDevice, raw: DeviceReadings, state: _GpuState,
+    def _to_reading(self, device: NvmlDevice, raw: DeviceReadings, state: GpuState,
                     xids: dict[int, int], now: float) -> GpuReading:
         ident = device.identity
         new_samples = raw.new_utilization_samples
@@ -503,7 +465,7 @@ class Sampler:
         )
 
     def _mig_devices(self, readings: tuple[MigDeviceReadings, ...],
-                     state: _GpuState) -> tuple[MigReading, ...]:
+                     state: GpuState) -> tuple[MigReading, ...]:
         if not readings:
             state.mig_devices = ()
             return ()
@@ -545,7 +507,7 @@ class Sampler:
         return reasons
 
     @staticmethod
-    def _process_counters(raw: DeviceReadings, state: _GpuState, fresh_energy: float | None,
+    def _process_counters(raw: DeviceReadings, state: GpuState, fresh_energy: float | None,
                           energy_total: float | None,
                           now: float) -> tuple[dict[int, float] | None, dict[int, float] | None]:
         """Each listed process's busy seconds and energy so far: None where the GPU reports no
