@@ -48,9 +48,8 @@ def _limit(value: str | int | None) -> int:
     else:
         number = value if isinstance(value, int) and not isinstance(value, bool) else None
     if number is None or not 1 <= number <= MAX_LIST_LIMIT:
-        shown = value[:_MAX_SHOWN] if isinstance(value, str) else value
         raise ParameterError(f"limit must be a whole number from 1 to {MAX_LIST_LIMIT} (absent: "
-                             f"{DEFAULT_LIST_LIMIT}), not {shown!r}")
+                             f"{DEFAULT_LIST_LIMIT}), not {_shown(value)}")
     return number
 
 
@@ -62,5 +61,9 @@ def _flag(name: str, value: str | bool | None) -> bool:
     if isinstance(value, str) and value in _FLAGS:
         return _FLAGS[value]
     allowed = ", ".join(sorted(_FLAGS))
-    shown = value[:_MAX_SHOWN] if isinstance(value, str) else value
-    raise ParameterError(f"{name} must be one of {allowed}, not {shown!r}")
+    raise ParameterError(f"{name} must be one of {allowed}, not {_shown(value)}")
+
+
+def _shown(value: object) -> str:
+    """A bad value quoted back the same way from either door (the text 1001 and the number alike)."""
+    return repr(str(value)[:_MAX_SHOWN])
