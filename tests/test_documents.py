@@ -144,7 +144,8 @@ def simulated_node(export: bool, cmdline: bool, user: bool) -> Iterator[tuple[Ru
                "GPUSCOPE_PROCESSES__USER": str(user).lower(),
                "GPUSCOPE_CAPTURE__DURATION": "500ms", "GPUSCOPE_CAPTURE__MAX_DURATION": MAX_DURATION}
         # A tick every 2 s: both doors are read between two ticks, most times at the first try.
-        with run_agent(folder, "--simulate", "demo", "--sample-interval", "2s", env=env, port=port) as agent, \
+        arguments = ("--simulate", "demo", "--sample-interval", "2s")
+        with run_agent(folder, *arguments, env=env, port=port) as agent, \
                 ControlClient(folder / f"control-{port}.sock") as client:
             agent.wait_for("/api/v1/snapshot", '"processes": [{' if export else '"gpus": [{')
             yield agent, client
