@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,13 +19,15 @@ from typing import Any
 import grpc
 import pytest
 from agent_process import RunningAgent, free_port, run_agent
-from snapshots import make_full_snapshot
+from prometheus_client import CollectorRegistry
+from snapshots import FakeSource, make_full_snapshot
 from test_status_page import add_capture
 
 from gpuscope.capture.model import Trigger
 from gpuscope.capture.refusals import RefusalLog, RefusedTrigger
 from gpuscope.capture.store import CaptureStore
 from gpuscope.control.client import ControlClient
+from gpuscope.control.methods import ApiError, ControlMethods
 from gpuscope.documents import (
     DEFAULT_LIST_LIMIT,
     MAX_LIST_LIMIT,
@@ -37,6 +40,7 @@ from gpuscope.documents import (
     snapshot_document,
 )
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
+from gpuscope.web.app import AgentApp
 
 # -- the parameters ----------------------------------------------------------------------------------------
 
@@ -123,6 +127,19 @@ def test_the_capture_listing_hides_pids_without_export(tmp_path: Path) -> None:
 def test_a_value_json_cannot_carry_becomes_null() -> None:
     assert json.loads(encode_document({"a": [float("nan"), {"b": float("inf")}, 1.5]})) == {
         "a": [None, {"b": None}, 1.5]}
+
+
+def test_before_the_first_tick_both_doors_say_why_in_the_same_words() -> None:
+    methods = ControlMethods(service=None, store=None, snapshots=FakeSource(), alerts=None, hostname="node")
+    with pytest.raises(ApiError) as caught:
+        methods.snapshot_json()
+    answered: list[str] = []
+    app = AgentApp(CollectorRegistry(), FakeSource(), time.monotonic)
+    body = b"".join(app({"REQUEST_METHOD": "GET", "PATH_INFO": "/api/v1/snapshot"},
+                        lambda status, headers: answered.append(status)))
+    assert answered == ["503 Service Unavailable"] and caught.value.code == "UNAVAILABLE"
+    assert json.loads(body) == {"error": caught.value.message}
+    assert "first sampling tick" in caught.value.message
 
 
 # -- both doors on a simulated node ------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from gpuscope.common.durations import format_duration
 from gpuscope.control.config import ControlConfig
 from gpuscope.documents import (
     DEFAULT_PROCESSES,
+    NO_SNAPSHOT_YET,
     ParameterError,
     ProcessExposure,
     alerts_document,
@@ -121,7 +122,7 @@ class ControlMethods:
     def snapshot_json(self) -> bytes:
         snapshot = self._snapshots.latest()
         if snapshot is None:
-            raise ApiError("UNAVAILABLE", "no snapshot yet: the first sampling tick has not finished")
+            raise ApiError("UNAVAILABLE", NO_SNAPSHOT_YET)
         return encode_document(snapshot_document(snapshot, self._processes))
 
     def alerts_json(self) -> bytes:

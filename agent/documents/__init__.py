@@ -12,6 +12,7 @@ models; ``web`` and ``control`` import it, never the other way.
 from gpuscope.documents.build import (
     CAPTURES_PATH,
     DEFAULT_PROCESSES,
+    NO_SNAPSHOT_YET,
     ProcessExposure,
     alerts_document,
     captures_document,
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULT_LIST_LIMIT",
     "DEFAULT_PROCESSES",
     "MAX_LIST_LIMIT",
+    "NO_SNAPSHOT_YET",
     "ListParameters",
     "ParameterError",
     "ProcessExposure",

@@ -25,6 +25,8 @@ from gpuscope.documents.parameters import ListParameters
 from gpuscope.snapshot import Snapshot
 
 CAPTURES_PATH = "/api/v1/captures"  # a capture's "download" is this path, a slash and its id
+# Why there is no snapshot document before the first tick: HTTP's 503 and the control API's UNAVAILABLE.
+NO_SNAPSHOT_YET = "no snapshot yet: the first sampling tick has not finished"
 _PROCESS_KEYS = ("pids", "targets", "target")  # where a capture record names processes
 
 

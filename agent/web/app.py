@@ -42,6 +42,7 @@ from gpuscope.capture.store import CaptureIdError, CaptureNotFoundError, Capture
 from gpuscope.documents import (
     CAPTURES_PATH,
     DEFAULT_PROCESSES,
+    NO_SNAPSHOT_YET,
     ParameterError,
     ProcessExposure,
     alerts_document,
@@ -298,8 +299,7 @@ class AgentApp:
     def _snapshot(self, environ: WSGIEnvironment) -> _Response:
         snapshot = self._source.latest()
         if snapshot is None:
-            return _json("503 Service Unavailable",
-                         {"error": "no snapshot yet: the first sampling tick has not finished"})
+            return _json("503 Service Unavailable", {"error": NO_SNAPSHOT_YET})
         document = snapshot_document(snapshot, self._processes)
         return "200 OK", [("Content-Type", _JSON)], encode_document(document)
 
