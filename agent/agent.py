@@ -25,6 +25,7 @@ from gpuscope.config import Settings
 from gpuscope.control.errors import ControlError, ControlServerError
 from gpuscope.control.methods import ControlMethods, agent_methods
 from gpuscope.control.on_demand import OnDemandControlServer
+from gpuscope.documents import ProcessExposure
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.exporters.families import Registry
@@ -93,11 +94,16 @@ class Agent:
             service=self.captures.service if self.captures is not None else None,
             store=self.captures.store if self.captures is not None else None,
             snapshots=self.sampler, alerts=self.alerts, hostname=self.hostname,
-            simulated=self.simulation.scenario.name if self.simulation is not None else None)
+            simulated=self.simulation.scenario.name if self.simulation is not None else None,
+            processes=self.process_exposure,
+            downloads=lambda: self.web_config.current().authenticates_every_client)
 
     def _build(self, settings: Settings) -> None:
         self.registry = Registry()
         processes = settings.processes
+        # What the documents both doors serve (HTTP's /api/v1/*, the control API) say of processes.
+        self.process_exposure = ProcessExposure(export=processes.export, cmdline=processes.cmdline,
+                                                user=processes.user)
         self.registry.register(SnapshotCollector(self.sampler, include_cmdline=processes.cmdline,
                                                  include_processes=processes.export,
                                                  process_labels=processes.labels,
@@ -168,8 +174,7 @@ class Agent:
                                     alerts=self.alerts, webhook=self.webhook,
                                     expected_gpus=settings.nvml.expected_gpus, health=self.health,
                                     max_requests=settings.web.max_requests, web_config=self.web_config,
-                                    webhook_auth=webhook_auth, include_processes=settings.processes.export,
-                                    include_users=settings.processes.user,
+                                    webhook_auth=webhook_auth, processes=self.process_exposure,
                                     captures=self.captures.store if self.captures is not None else None,
                                     refusals=self.captures.service.refusals if self.captures else None,
                                     history=self.utilization_history,

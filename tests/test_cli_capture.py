@@ -138,7 +138,17 @@ def test_errors_are_one_line(node: Node, tmp_path: Path, capsys: pytest.CaptureF
     assert code == 2 and "--token-file" in one_line(err)
     code, _, err = cli(["capture", "--gpu", "0", "--socket", sock, "--agent", "h:1"], capsys)
     assert code == 2  # argparse: not allowed together
+    code, _, err = cli(["captures", "ls", "--limit", "1001", "--socket", sock], capsys)
+    assert code == 2
+    assert "limit must be a whole number from 1 to 1000 (absent: 100), not '1001'" in one_line(err)
     assert node.backend.calls == []
+
+
+def test_listing_an_agent_without_captures_says_so(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with running_node(tmp_path, with_service=False) as node:
+        code, out, err = cli(["captures", "ls", "--socket", str(node.socket)], capsys)
+    assert code == 1 and out == "" and "captures are disabled on this agent" in one_line(err)
 
 
 def test_a_tls_agent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -409,9 +409,10 @@ def test_a_refusal_is_a_result_not_an_error(tmp_path: Path) -> None:
     with running_node(tmp_path / "b", with_service=False) as node, node.client() as client:
         record = client.capture(pid=123)
         assert record["outcome"] == "refused" and "disabled" in record["error"] and record["pids"] == [123]
-        with pytest.raises(ControlError, match="captures are disabled") as caught:
-            client.list_captures()
-        assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        # As GET /api/v1/captures answers: a listing that says so, not an error.
+        listing = client.capture_listing()
+        assert listing.document == {"enabled": False, "downloads": False, "captures": [], "refused_count": 0}
+        assert listing.captures == [] and not listing.enabled
     assert node.backend.calls == []
 
 

@@ -42,8 +42,9 @@ from gpuscope.common.unixfs import safe_file_name
 from gpuscope.control.auth import MIN_TOKEN_CHARS, bearer_matches, read_token
 from gpuscope.control.client import safe_relative_path, write_chunks
 from gpuscope.control.errors import ControlError
-from gpuscope.control.methods import MAX_LIST_LIMIT, MAX_REASON_CHARS, MAX_START_DELAY_S, ControlMethods
+from gpuscope.control.methods import MAX_REASON_CHARS, MAX_START_DELAY_S, ControlMethods
 from gpuscope.control.server import _Servicer
+from gpuscope.documents import MAX_LIST_LIMIT
 from gpuscope.generated.agent.v1 import agent_pb2
 
 FUZZ = settings(max_examples=150)  # and tests/conftest.py\'s profile
@@ -271,11 +272,20 @@ def test_an_accepted_capture_id_is_one_plain_file_name(value: str) -> None:
 @FUZZ
 @given(limit=UINT32)
 @example(limit=0)
+@example(limit=MAX_LIST_LIMIT)
+@example(limit=MAX_LIST_LIMIT + 1)
 def test_list_captures_answers_at_most_the_limit(one_capture: tuple[CaptureStore, str], limit: int) -> None:
+    """0 is proto3's absent value (the default); above the most, INVALID_ARGUMENT naming the range."""
     store, real = one_capture
-    reply = servicer(store=store).ListCaptures(agent_pb2.ListCapturesRequest(limit=limit),
-                                               cast(Any, Context()))
-    assert [c.id for c in reply.captures] == [real][:min(limit or 100, MAX_LIST_LIMIT)]
+    try:
+        reply = servicer(store=store).ListCaptures(agent_pb2.ListCapturesRequest(limit=limit),
+                                                   cast(Any, Context()))
+    except Aborted as aborted:
+        assert limit > MAX_LIST_LIMIT and aborted.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"limit must be a whole number from 1 to {MAX_LIST_LIMIT}" in aborted.details
+        return
+    assert limit <= MAX_LIST_LIMIT
+    assert [c.id for c in reply.captures] == [real][:limit or 100]
 
 
 PLAIN_NAMES = st.from_regex(r"\A[A-Za-z0-9_][A-Za-z0-9._-]{0,20}\Z")

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from snapshots import FakeSource, make_full_snapshot, make_gpus, make_snapshot
 
 from gpuscope.alerts.model import Alert, AlertState, TransitionState
+from gpuscope.documents import ProcessExposure
 from gpuscope.exporters.prometheus import SnapshotCollector
 from gpuscope.snapshot import Snapshot
 from gpuscope.version import __version__
@@ -324,7 +325,12 @@ def test_snapshot_json(agent: Agent) -> None:
     assert status == 200
     assert headers["content-type"] == "application/json"
     data = json.loads(body)
-    assert data == json.loads(json.dumps(snapshot.to_json()))
+    expected = json.loads(json.dumps(snapshot.to_json()))
+    for gpu in expected["gpus"]:  # processes.cmdline is off by default: no command line leaves
+        for process in gpu["processes"]:
+            process["cmdline"] = None
+    assert data == expected
+    assert any(p.cmdline for gpu in snapshot.gpus for p in gpu.processes)
     assert data["gpus"][0]["xid_errors"] == {"13": 2, "79": 1}
     assert data["gpus"][0]["clock_event_reasons"] == ["hw_slowdown", "sw_power_cap"]
 
@@ -333,7 +339,7 @@ def test_snapshot_json_without_processes_when_not_exported() -> None:
     snapshot = make_full_snapshot()
     assert any(gpu.processes for gpu in snapshot.gpus)
     server = AgentHttpServer("127.0.0.1:0", registry=CollectorRegistry(),
-                             source=FakeSource(snapshot=snapshot), include_processes=False)
+                             source=FakeSource(snapshot=snapshot), processes=ProcessExposure(export=False))
     server.start()
     try:
         host, port = server.bound_address

@@ -31,6 +31,7 @@ from snapshots import FakeSource, make_gpu, make_gpus, make_mig_gpu, make_proces
 from gpuscope.alerts.model import Alert, AlertState, TransitionState
 from gpuscope.capture.model import CaptureRecord, CaptureTarget, TargetOutcome, Trigger
 from gpuscope.capture.store import CaptureStore
+from gpuscope.documents import ProcessExposure
 from gpuscope.snapshot import PodContainer, SlurmJob, Snapshot, UtilizationSample
 from gpuscope.web.capture_download import capture_archive
 from gpuscope.web.server import AgentHttpServer
@@ -214,7 +215,7 @@ def test_hostile_names_are_escaped(tmp_path: Path) -> None:
 
 
 def test_processes_hidden_when_export_is_off(tmp_path: Path) -> None:
-    with serving(tmp_path, include_processes=False) as served:
+    with serving(tmp_path, processes=ProcessExposure(export=False)) as served:
         store = served.captures()
         add_capture(store, gpu=0, trace=b"t")
         page = served.page()
@@ -228,7 +229,7 @@ def test_processes_hidden_when_export_is_off(tmp_path: Path) -> None:
 
 
 def test_users_hidden_when_user_lookup_is_off(tmp_path: Path) -> None:
-    with serving(tmp_path, include_users=False) as served:
+    with serving(tmp_path, processes=ProcessExposure(user=False)) as served:
         page = served.page()
     assert "train-rank0" in page
     assert "alice" not in page and "bob" not in page and "<th>User</th>" not in page

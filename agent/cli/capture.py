@@ -136,7 +136,7 @@ def add_capture_commands(subparsers: Any) -> None:
                                   help="What to do with the stored captures.")
     ls = sub.add_parser("ls", help="List the stored captures, newest first.")
     ls.add_argument("--limit", type=_non_negative, default=0, metavar="N",
-                    help="At most N captures (default: the agent's page size).")
+                    help="At most N captures, 1 to 1000 (default: the agent's page size, 100).")
     ls.add_argument("--all", action="store_true",
                     help="Also list the capture triggers the agent refused lately (the alert cooldown, the "
                          "hourly budget, the store's quota, another capture in flight ...), with the reason "
@@ -306,6 +306,9 @@ def _list(args: argparse.Namespace) -> int:
     with _client(args) as client:
         who = _which_agent(client)
         listing = client.capture_listing(limit=args.limit, include_refused=args.all)
+    if not listing.enabled:  # the listing says so; an older agent answered FAILED_PRECONDITION
+        raise ControlError("captures are disabled on this agent (capture.enabled: false, or its capture "
+                           "store could not be opened)")
     records = listing.captures
     if args.json:
         captures = [{**who, **r} for r in records]

@@ -62,11 +62,15 @@ def is_socket_address(address: str | Path) -> bool:
 @dataclass(frozen=True, slots=True)
 class CaptureListing:
     """ListCaptures' answer. ``refused_count``: triggers the agent refused since it started (None: an
-    older agent, which keeps no refusals); ``refused``: those it keeps, newest first, when asked for."""
+    older agent, which keeps no refusals); ``refused``: those it keeps, newest first, when asked for;
+    ``enabled``: the agent takes captures; ``document``: the whole listing, as GET /api/v1/captures
+    answers it (None from an agent older than that field)."""
 
     captures: list[dict[str, Any]]
     refused_count: int | None
     refused: list[dict[str, Any]]
+    enabled: bool = True
+    document: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +243,9 @@ class ControlClient:
                                    "objects")
             refused = listed
         count = response.refused_count if response.HasField("refused_count") else None
-        return CaptureListing(captures, count, refused)
+        document = _json(response.listing_json, "capture listing") if response.listing_json else None
+        enabled = True if document is None else document.get("enabled") is True
+        return CaptureListing(captures, count, refused, enabled=enabled, document=document)
 
     def get_capture(self, capture_id: str, out_dir: Path, *,
                     timeout: float = DOWNLOAD_TIMEOUT_S) -> list[str]:

@@ -13,7 +13,6 @@ the maximum, a start time too far ahead) is INVALID_ARGUMENT with the reason.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -35,6 +34,17 @@ from gpuscope.capture.store import CaptureNotFoundError, CaptureStore, CaptureSt
 from gpuscope.capture.tsl import parse_target
 from gpuscope.common.durations import format_duration
 from gpuscope.control.config import ControlConfig
+from gpuscope.documents import (
+    DEFAULT_PROCESSES,
+    NO_SNAPSHOT_YET,
+    ParameterError,
+    ProcessExposure,
+    alerts_document,
+    captures_document,
+    encode_document,
+    list_parameters,
+    snapshot_document,
+)
 from gpuscope.snapshot import Snapshot, SnapshotSource
 from gpuscope.version import __version__
 
@@ -42,8 +52,6 @@ log = logging.getLogger(__name__)
 
 MAX_WAITING_CAPTURES = 4  # Capture calls blocked at a time
 MAX_START_DELAY_S = 60.0  # start_at at most this far ahead (the capture service waits no longer)
-DEFAULT_LIST_LIMIT = 100
-MAX_LIST_LIMIT = 10_000
 MAX_REASON_CHARS = 200
 # A capture id names the GPU in at most 4 digits (records.CAPTURE_ID): a larger index made even the record
 # of its refusal fail with CaptureIdError, a traceback instead of an answer.
@@ -88,11 +96,16 @@ class ApiMethods(Protocol):
 
 
 class ControlMethods:
-    """The methods of gpuscope.v1.Agent on this agent's parts. ``info``: GetAgentInfo's fields."""
+    """The methods of gpuscope.v1.Agent on this agent's parts. ``info``: GetAgentInfo's fields.
+    ``processes``: the ``processes`` settings; ``downloads``: whether the HTTP port sends captures (its
+    web configuration authenticates every client). The snapshot, the alerts and the capture listing are
+    the documents of ``gpuscope.documents``, the same the HTTP endpoints answer."""
 
     def __init__(self, *, service: CaptureService | None, store: CaptureStore | None,
                  snapshots: SnapshotSource, alerts: AlertSource | None, hostname: str,
-                 wall_clock: Callable[[], float] = time.time, info: dict[str, Any] | None = None) -> None:
+                 wall_clock: Callable[[], float] = time.time, info: dict[str, Any] | None = None,
+                 processes: ProcessExposure = DEFAULT_PROCESSES,
+                 downloads: Callable[[], bool] = lambda: False) -> None:
         self.info: dict[str, Any] = info or {"node_name": hostname, "pid": os.getpid(),
                                              "version": __version__}
         self._service = service
@@ -101,18 +114,19 @@ class ControlMethods:
         self._alerts = alerts
         self._hostname = hostname
         self._wall_clock = wall_clock
+        self._processes = processes
+        self._downloads = downloads
         self._waiting = threading.BoundedSemaphore(MAX_WAITING_CAPTURES)
         self.stopping = threading.Event()  # set when the API stops: waiting Capture calls end at once
 
     def snapshot_json(self) -> bytes:
         snapshot = self._snapshots.latest()
         if snapshot is None:
-            raise ApiError("UNAVAILABLE", "no snapshot yet: the first sampling tick has not finished")
-        return json.dumps(snapshot.to_json()).encode()
+            raise ApiError("UNAVAILABLE", NO_SNAPSHOT_YET)
+        return encode_document(snapshot_document(snapshot, self._processes))
 
     def alerts_json(self) -> bytes:
-        alerts = [] if self._alerts is None else [a.to_json() for a in self._alerts.alerts()]
-        return json.dumps({"enabled": self._alerts is not None, "alerts": alerts}).encode()
+        return encode_document(alerts_document(self._alerts))
 
     def capture(self, fields: dict[str, Any], *, user: str, context: CallContext) -> dict[str, Any]:
         """Take a capture; its record's JSON. ``fields``: the request's fields that are set (``gpu``,
@@ -141,17 +155,15 @@ class ControlMethods:
             self._waiting.release()
 
     def list_captures(self, *, limit: int, include_refused: bool) -> dict[str, Any]:
-        """``captures``: the newest records' JSON; ``refused_count`` and (``include_refused``)
-        ``refused``: the triggers the policy refused, when this agent takes captures."""
-        store = self._require_store()
-        limit = min(limit or DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
-        listing: dict[str, Any] = {"captures": [r.to_json() for r in store.list()[:limit]]}
-        if self._service is not None:
-            refusals = self._service.refusals
-            listing["refused_count"] = refusals.total
-            if include_refused:
-                listing["refused"] = [r.to_json() for r in refusals.recent(limit)]
-        return listing
+        """The capture listing (``gpuscope.documents.captures_document``). ``limit`` 0: absent (proto3
+        cannot tell them apart), the default; out of range: INVALID_ARGUMENT, as HTTP's 400."""
+        try:
+            parameters = list_parameters(limit=limit or None, include_refused=include_refused)
+        except ParameterError as err:
+            raise ApiError("INVALID_ARGUMENT", str(err)) from None
+        refusals = self._service.refusals if self._service is not None else None
+        return captures_document(self._store, refusals, parameters, self._processes,
+                                 downloads=self._downloads())
 
     def capture_files(self, capture_id: str) -> list[tuple[str, Path]]:
         """A stored capture's files: (path relative to the capture, where it is)."""
@@ -256,12 +268,14 @@ def _missing_gpu(gpu: int | None, snapshot: Snapshot | None, hostname: str) -> A
 
 def agent_methods(config: ControlConfig, *, service: CaptureService | None, store: CaptureStore | None,
                   snapshots: SnapshotSource, alerts: AlertSource | None, hostname: str | None = None,
-                  wall_clock: Callable[[], float] = time.time,
-                  simulated: str | None = None) -> ControlMethods:
-    """The agent's methods, with what GetAgentInfo says of it (``simulated``: the scenario it plays)."""
+                  wall_clock: Callable[[], float] = time.time, simulated: str | None = None,
+                  processes: ProcessExposure = DEFAULT_PROCESSES,
+                  downloads: Callable[[], bool] = lambda: False) -> ControlMethods:
+    """The agent's methods, with what GetAgentInfo says of it (``simulated``: the scenario it plays);
+    ``processes`` and ``downloads`` as ControlMethods takes them."""
     hostname = hostname or socket.gethostname()
     info = {"node_name": hostname, "pid": os.getpid(), "version": __version__,
             "simulated_scenario": simulated or "", "control_socket": str(config.socket),
             "capture_store": str(store.root) if store is not None else ""}
     return ControlMethods(service=service, store=store, snapshots=snapshots, alerts=alerts, hostname=hostname,
-                          wall_clock=wall_clock, info=info)
+                          wall_clock=wall_clock, info=info, processes=processes, downloads=downloads)

@@ -42,6 +42,7 @@ from gpuscope.control.errors import ControlError, ControlServerError
 from gpuscope.control.interceptor import BearerTokenInterceptor
 from gpuscope.control.methods import ApiError, ApiMethods, agent_methods
 from gpuscope.control.socket_dir import place_socket, prepare_socket_dir
+from gpuscope.documents import encode_document
 from gpuscope.generated.agent.v1 import agent_pb2, agent_pb2_grpc
 from gpuscope.snapshot import SnapshotSource
 
@@ -122,13 +123,14 @@ class _Servicer:
 
     def ListCaptures(self, request: agent_pb2.ListCapturesRequest,
                      context: grpc.ServicerContext) -> agent_pb2.ListCapturesResponse:
+        """The listing document whole (``listing_json``, as HTTP answers it), and its parts in the
+        fields that clients older than ``listing_json`` read."""
         with self._call(context):
             listing = self._methods.list_captures(limit=request.limit,
                                                   include_refused=request.include_refused)
             response = agent_pb2.ListCapturesResponse(
-                captures=[_record_message(record) for record in listing["captures"]])
-            if "refused_count" in listing:
-                response.refused_count = listing["refused_count"]
+                captures=[_record_message(record) for record in listing["captures"]],
+                refused_count=listing["refused_count"], listing_json=encode_document(listing))
             if "refused" in listing:
                 response.refused_json = json.dumps(listing["refused"], allow_nan=False).encode()
             return response

@@ -8,15 +8,14 @@ OpenMetrics, and their Content-Type strings) and the gzip decision follow promet
 clients see what every other Python exporter serves; gzip uses a fast compression level.
 ``?name[]=NAME`` (repeatable) keeps only the families, or the samples, with those names.
 
-/api/v1/alerts answers 200 with ``{"enabled": bool, "alerts": [Alert.to_json(), ...]}`` (pending and
-firing alerts); with alerting disabled (no AlertSource) it is ``{"enabled": false, "alerts": []}``,
-not an error, so a dashboard or script polling it needs no special case. The path is Prometheus', the
-shape is not: it is the agent's own schema, shared with the control API's ListAlerts (docs/alerts.md,
-"The alerts endpoint", says why and how to convert it). /api/v1/captures lists the stored captures
-the same way (``{"enabled", "downloads", "captures", "refused_count"}``, newest first);
-``?include_refused=1`` adds ``"refused"``: the capture triggers the agent refused lately (the newest
-first, each with its reason and ``allowed_at``, when a trigger like it would next be allowed).
-``refused_count`` counts the refusals since the agent started, those no longer kept included.
+/api/v1/snapshot, /api/v1/alerts and /api/v1/captures answer the documents of ``gpuscope.documents``,
+the same the control API answers (GetSnapshot, ListAlerts, ListCaptures): one builder each, and one
+reading of the listing's parameters (a bad one is 400 here, INVALID_ARGUMENT there). /api/v1/alerts is
+``{"enabled": bool, "alerts": [...]}``, ``{"enabled": false, "alerts": []}`` with alerting off: not an
+error, so a poller needs no special case. Its path is Prometheus', its shape the agent's own
+(docs/alerts.md, "The alerts endpoint", says why and how to convert it). /api/v1/captures lists the
+stored captures the same way (``{"enabled", "downloads", "captures", "refused_count"}``, newest first,
+``?limit=N``); ``?include_refused=1`` adds ``"refused"``: the capture triggers the agent refused lately.
 
 ``/`` is the status page (``status_page``), rendered from what the agent already holds.
 
@@ -32,15 +31,26 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from gpuscope.alerts.model import AlertSource
-from gpuscope.capture.refusals import RefusalLog, RefusedTrigger
+from gpuscope.capture.refusals import RefusalLog
 from gpuscope.capture.store import CaptureIdError, CaptureNotFoundError, CaptureStore, CaptureStoreError
+from gpuscope.documents import (
+    CAPTURES_PATH,
+    DEFAULT_PROCESSES,
+    NO_SNAPSHOT_YET,
+    ParameterError,
+    ProcessExposure,
+    alerts_document,
+    captures_document,
+    encode_document,
+    list_parameters,
+    snapshot_document,
+)
 from gpuscope.exporters.exposition import gzip_accepted, negotiate, restrict_families
 from gpuscope.exporters.families import Collector
 from gpuscope.health import SourceHealth
@@ -48,7 +58,7 @@ from gpuscope.snapshot import SnapshotSource
 from gpuscope.version import __version__
 from gpuscope.web.capture_download import CaptureArchive, capture_archive
 from gpuscope.web.rejections import Rejections
-from gpuscope.web.status_page import CAPTURES_PATH, StatusView, render_status_page
+from gpuscope.web.status_page import StatusView, render_status_page
 from gpuscope.web.utilization_history import DEFAULT_POINTS, UtilizationHistory, UtilizationSeries
 from gpuscope.web.web_config import WebSecurity
 
@@ -79,9 +89,6 @@ _JSON_TYPES = ("application/json",)
 WEBHOOK_PATH = "/api/v1/alertmanager"
 WEBHOOK_MAX_BYTES = 1 << 20
 CAPTURE_DOWNLOAD_PREFIX = CAPTURES_PATH + "/"
-DEFAULT_CAPTURE_LIST = 100  # /api/v1/captures without ?limit=
-_FLAGS = {"0": False, "1": True, "false": False, "true": True}  # the values of a yes/no query parameter
-MAX_CAPTURE_LIST = 1000
 
 
 class AgentApp:
@@ -91,20 +98,20 @@ class AgentApp:
                  alerts: AlertSource | None = None, webhook: WebhookHandler | None = None, *,
                  webhook_auth: WebhookAuth | None = None, expected_gpus: int | None = None,
                  health: SourceHealth | None = None, rejections: Rejections | None = None,
-                 include_processes: bool = True, include_users: bool = True,
+                 processes: ProcessExposure = DEFAULT_PROCESSES,
                  captures: CaptureStore | None = None, history: UtilizationHistory | None = None,
                  simulated: str | None = None, security: Callable[[], WebSecurity] | None = None,
                  wall_clock: Callable[[], float] = time.time, refusals: RefusalLog | None = None):
-        """``captures``: the capture store (None: captures are off). ``refusals``: the capture triggers
-        the capture service refused lately. ``history``: the utilization
+        """``processes``: the ``processes`` settings, which decide what the documents say of GPU
+        processes (gpuscope.documents). ``captures``: the capture store (None: captures are off).
+        ``refusals``: the capture triggers the capture service refused lately. ``history``: the utilization
         ring a sampler listener feeds, for the status page's sparklines. ``simulated``: the scenario's
         name on a simulated node. ``security``: the web configuration in force (capture downloads
         need one that authenticates every client). ``wall_clock``: Unix time, for the ages the page shows."""
         if webhook is not None and webhook_auth is None:
             raise ValueError("the webhook needs its credentials (webhook_auth)")
         self._webhook_auth = webhook_auth
-        self._include_processes = include_processes
-        self._include_users = include_users
+        self._processes = processes
         self._captures = captures
         self._refusals = refusals
         self._history = history
@@ -210,7 +217,7 @@ class AgentApp:
             refusals=() if self._refusals is None else self._refusals.recent(),
             history=self._history.series if self._history is not None else _no_history,
             version=__version__, now=self._wall_clock(), simulated=self._simulated,
-            include_processes=self._include_processes, include_users=self._include_users,
+            include_processes=self._processes.export, include_users=self._processes.user,
             downloads=self._downloads_allowed(),
             history_points=self._history.points if self._history is not None else DEFAULT_POINTS)
         headers = [("Content-Type", _HTML), ("Cache-Control", "no-store"),
@@ -221,39 +228,14 @@ class AgentApp:
         """GET /api/v1/captures[?limit=N][&include_refused=1]: the stored captures' records, newest
         first; with include_refused, the refused triggers too (at most N of them, newest first)."""
         query = parse_qs(environ.get("QUERY_STRING", ""))
-        limit_text = query.get("limit", [str(DEFAULT_CAPTURE_LIST)])[-1]
-        include_text = query.get("include_refused", ["0"])[-1]
-        if include_text not in _FLAGS:
-            allowed = ", ".join(sorted(_FLAGS))
-            return _json("400 Bad Request", {"error": f"include_refused must be one of {allowed}, "
-                                                      f"not {include_text[:20]!r}"})
-        well_formed = limit_text.isascii() and limit_text.isdigit() and len(limit_text) <= 6
-        limit = int(limit_text) if well_formed else 0
-        if not 1 <= limit <= MAX_CAPTURE_LIST:
-            return _json("400 Bad Request", {"error": f"limit must be a whole number from 1 to "
-                                                      f"{MAX_CAPTURE_LIST}, not {limit_text[:20]!r}"})
-        listed = []
-        for record in [] if self._captures is None else self._captures.list()[:limit]:
-            entry = record.to_json()
-            if not self._include_processes:  # processes.export: false: no pid leaves the agent
-                for key in ("pids", "targets", "target"):
-                    entry.pop(key, None)
-            entry["download"] = CAPTURE_DOWNLOAD_PREFIX + record.id
-            listed.append(entry)
-        document: dict[str, Any] = {
-            "enabled": self._captures is not None,
-            "downloads": self._captures is not None and self._downloads_allowed(), "captures": listed,
-            "refused_count": 0 if self._refusals is None else self._refusals.total}
-        if _FLAGS[include_text]:
-            document["refused"] = [self._refusal_json(refused) for refused in
-                                   ([] if self._refusals is None else self._refusals.recent(limit))]
-        return "200 OK", [("Content-Type", _JSON)], _finite_json(document)
-
-    def _refusal_json(self, refused: RefusedTrigger) -> dict[str, Any]:
-        entry = refused.to_json()
-        if not self._include_processes:  # processes.export: false: no pid leaves the agent
-            entry.pop("pid", None)
-        return entry
+        try:
+            parameters = list_parameters(limit=_last(query, "limit"),
+                                         include_refused=_last(query, "include_refused"))
+        except ParameterError as err:
+            return _json("400 Bad Request", {"error": str(err)})
+        document = captures_document(self._captures, self._refusals, parameters, self._processes,
+                                     downloads=self._downloads_allowed())
+        return "200 OK", [("Content-Type", _JSON)], encode_document(document)
 
     def _capture_download(self, environ: WSGIEnvironment) -> _Response:
         """GET /api/v1/captures/<id>: the capture as ``<id>.tar`` (see the module's docstring)."""
@@ -281,15 +263,7 @@ class AgentApp:
 
     def _downloads_allowed(self) -> bool:
         """Whether the web configuration in force authenticates every client (see the docstring)."""
-        if self._security is None:
-            return False
-        security = self._security()
-        client_certificates = False
-        if security.ssl_context is not None:
-            import ssl  # loaded already: TLS is on
-
-            client_certificates = security.ssl_context.verify_mode == ssl.CERT_REQUIRED
-        return security.users.enabled or client_certificates
+        return self._security is not None and self._security().authenticates_every_client
 
     def _healthy(self, environ: WSGIEnvironment) -> _Response:
         if self._source.is_alive():
@@ -325,18 +299,12 @@ class AgentApp:
     def _snapshot(self, environ: WSGIEnvironment) -> _Response:
         snapshot = self._source.latest()
         if snapshot is None:
-            body = json.dumps({"error": "no snapshot yet: the first sampling tick has not finished"})
-            return "503 Service Unavailable", [("Content-Type", _JSON)], body.encode()
-        document = snapshot.to_json()
-        if not self._include_processes:  # processes.export: false
-            for gpu in document["gpus"]:
-                gpu["processes"] = []
-        return "200 OK", [("Content-Type", _JSON)], json.dumps(document).encode()
+            return _json("503 Service Unavailable", {"error": NO_SNAPSHOT_YET})
+        document = snapshot_document(snapshot, self._processes)
+        return "200 OK", [("Content-Type", _JSON)], encode_document(document)
 
     def _alerts_json(self, environ: WSGIEnvironment) -> _Response:
-        alerts = [] if self._alerts is None else [alert.to_json() for alert in self._alerts.alerts()]
-        document = {"enabled": self._alerts is not None, "alerts": alerts}
-        return "200 OK", [("Content-Type", _JSON)], _finite_json(document)
+        return "200 OK", [("Content-Type", _JSON)], encode_document(alerts_document(self._alerts))
 
 
 def _text(status: str, line: str) -> _Response:
@@ -347,23 +315,11 @@ def _json(status: str, document: dict[str, Any]) -> _Response:
     return status, [("Content-Type", _JSON)], json.dumps(document).encode()
 
 
-def _finite_json(document: dict[str, Any]) -> bytes:
-    try:
-        return json.dumps(document, allow_nan=False).encode()
-    except ValueError:  # a NaN or infinite value (a rule's): JSON has no literal for it, null is honest
-        return json.dumps(_finite(document), allow_nan=False).encode()
+def _last(query: dict[str, list[str]], name: str) -> str | None:
+    """A query parameter's last value; None when the query does not name it."""
+    values = query.get(name)
+    return values[-1] if values else None
 
 
 def _no_history(index: int, uuid: str) -> UtilizationSeries:
     return UtilizationSeries((), 0.0)
-
-
-def _finite(obj: Any) -> Any:
-    """``obj`` with NaN and infinities replaced by None."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {key: _finite(value) for key, value in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(value) for value in obj]
-    return obj

@@ -34,6 +34,7 @@ from gpuscope.alerts.model import AlertSource
 from gpuscope.capture.refusals import RefusalLog
 from gpuscope.capture.store import CaptureStore
 from gpuscope.common.addresses import parse_host_port
+from gpuscope.documents import DEFAULT_PROCESSES, ProcessExposure
 from gpuscope.exporters.families import Collector
 from gpuscope.health import SourceHealth
 from gpuscope.listeners import SocketListeners
@@ -236,8 +237,7 @@ class AgentHttpServer:
         max_requests: int = DEFAULT_MAX_REQUESTS,
         web_config: WebConfigWatcher | None = None,
         webhook_auth: WebhookAuth | None = None,
-        include_processes: bool = True,
-        include_users: bool = True,
+        processes: ProcessExposure = DEFAULT_PROCESSES,
         captures: CaptureStore | None = None,
         refusals: RefusalLog | None = None,
         history: UtilizationHistory | None = None,
@@ -251,7 +251,7 @@ class AgentHttpServer:
         self.rejections = Rejections()
         app = AgentApp(registry, source, clock, alerts, webhook, webhook_auth=webhook_auth,
                        expected_gpus=expected_gpus, health=health, rejections=self.rejections,
-                       include_processes=include_processes, include_users=include_users,
+                       processes=processes,
                        captures=captures, refusals=refusals, history=history, simulated=simulated,
                        security=self.web_config.current)
         webhook_on = webhook is not None  # it checks its own credentials

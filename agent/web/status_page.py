@@ -33,6 +33,7 @@ from gpuscope.capture.alert_context import alert_context
 from gpuscope.capture.model import CaptureRecord, Trigger
 from gpuscope.capture.refusals import RefusedTrigger
 from gpuscope.common.sizes import format_size
+from gpuscope.documents import CAPTURES_PATH
 from gpuscope.snapshot import GpuReading, MigReading, PodContainer, ProcessReading, Snapshot
 from gpuscope.web.sparkline import sparkline
 from gpuscope.web.status_style import STATUS_PAGE_CSS
@@ -41,7 +42,6 @@ from gpuscope.web.utilization_history import DEFAULT_POINTS, UtilizationSeries
 REFRESH_SECONDS = 5
 RECENT_CAPTURES = 10  # rows of the captures table
 RECENT_REFUSALS = 10  # rows of the refused triggers' table, under it
-CAPTURES_PATH = "/api/v1/captures"
 _MAX_ERROR_CHARS = 160  # a capture's error on the page (the JSON listing has it whole)
 _NONE = '<span class="muted">&mdash;</span>'
 # A GPU's health other than "ok": its badge's text, and what it means for the operator (its tooltip).

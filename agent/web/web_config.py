@@ -134,6 +134,16 @@ class WebSecurity:
     def tls(self) -> bool:
         return self.ssl_context is not None
 
+    @property
+    def authenticates_every_client(self) -> bool:
+        """Basic auth users, or required client certificates: what capture downloads over HTTP need."""
+        client_certificates = False
+        if self.ssl_context is not None:
+            import ssl  # loaded already: TLS is on
+
+            client_certificates = self.ssl_context.verify_mode == ssl.CERT_REQUIRED
+        return self.users.enabled or client_certificates
+
 
 OPEN = WebSecurity()  # no web configuration file: plain HTTP, no authentication
 

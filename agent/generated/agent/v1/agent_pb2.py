@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'gpuscope/generated/agent/v1/agent.proto\x12\x0bgpuscope.v1\"\x14\n\x12GetSnapshotRequest\",\n\x13GetSnapshotResponse\x12\x15\n\rsnapshot_json\x18\x01 \x01(\x0c\"\x13\n\x11ListAlertsRequest\")\n\x12ListAlertsResponse\x12\x13\n\x0b\x61lerts_json\x18\x01 \x01(\x0c\"\xa5\x01\n\x0e\x43\x61ptureRequest\x12\r\n\x03gpu\x18\x01 \x01(\x05H\x00\x12\r\n\x03pid\x18\x02 \x01(\x05H\x00\x12\x10\n\x06target\x18\x03 \x01(\tH\x00\x12\x13\n\x0b\x64uration_ms\x18\x04 \x01(\r\x12\x13\n\x06reason\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x15\n\x08start_at\x18\x06 \x01(\x01H\x02\x88\x01\x01\x42\n\n\x08selectorB\t\n\x07_reasonB\x0b\n\t_start_at\"W\n\rCaptureRecord\x12\n\n\x02id\x18\x01 \x01(\t\x12%\n\x07outcome\x18\x02 \x01(\x0e\x32\x14.gpuscope.v1.Outcome\x12\x13\n\x0brecord_json\x18\x03 \x01(\t\"=\n\x13ListCapturesRequest\x12\r\n\x05limit\x18\x01 \x01(\r\x12\x17\n\x0finclude_refused\x18\x02 \x01(\x08\"\x88\x01\n\x14ListCapturesResponse\x12,\n\x08\x63\x61ptures\x18\x01 \x03(\x0b\x32\x1a.gpuscope.v1.CaptureRecord\x12\x1a\n\rrefused_count\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x14\n\x0crefused_json\x18\x03 \x01(\x0c\x42\x10\n\x0e_refused_count\"\x1f\n\x11GetCaptureRequest\x12\n\n\x02id\x18\x01 \x01(\t\"E\n\tFileChunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\"\x15\n\x13GetAgentInfoRequest\"\x87\x01\n\tAgentInfo\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x1a\n\x12simulated_scenario\x18\x04 \x01(\t\x12\x16\n\x0e\x63ontrol_socket\x18\x05 \x01(\t\x12\x15\n\rcapture_store\x18\x06 \x01(\t*\xb3\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x14\n\x10OUTCOME_CAPTURED\x10\x01\x12\x10\n\x0cOUTCOME_BUSY\x10\x02\x12\x11\n\rOUTCOME_EMPTY\x10\x03\x12\x17\n\x13OUTCOME_UNREACHABLE\x10\x04\x12\x13\n\x0fOUTCOME_REFUSED\x10\x05\x12\x12\n\x0eOUTCOME_FAILED\x10\x06\x12\x12\n\x0eOUTCOME_EXITED\x10\x07\x32\xd3\x03\n\x05\x41gent\x12P\n\x0bGetSnapshot\x12\x1f.gpuscope.v1.GetSnapshotRequest\x1a .gpuscope.v1.GetSnapshotResponse\x12M\n\nListAlerts\x12\x1e.gpuscope.v1.ListAlertsRequest\x1a\x1f.gpuscope.v1.ListAlertsResponse\x12\x42\n\x07\x43\x61pture\x12\x1b.gpuscope.v1.CaptureRequest\x1a\x1a.gpuscope.v1.CaptureRecord\x12S\n\x0cListCaptures\x12 .gpuscope.v1.ListCapturesRequest\x1a!.gpuscope.v1.ListCapturesResponse\x12\x46\n\nGetCapture\x12\x1e.gpuscope.v1.GetCaptureRequest\x1a\x16.gpuscope.v1.FileChunk0\x01\x12H\n\x0cGetAgentInfo\x12 .gpuscope.v1.GetAgentInfoRequest\x1a\x16.gpuscope.v1.AgentInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'gpuscope/generated/agent/v1/agent.proto\x12\x0bgpuscope.v1\"\x14\n\x12GetSnapshotRequest\",\n\x13GetSnapshotResponse\x12\x15\n\rsnapshot_json\x18\x01 \x01(\x0c\"\x13\n\x11ListAlertsRequest\")\n\x12ListAlertsResponse\x12\x13\n\x0b\x61lerts_json\x18\x01 \x01(\x0c\"\xa5\x01\n\x0e\x43\x61ptureRequest\x12\r\n\x03gpu\x18\x01 \x01(\x05H\x00\x12\r\n\x03pid\x18\x02 \x01(\x05H\x00\x12\x10\n\x06target\x18\x03 \x01(\tH\x00\x12\x13\n\x0b\x64uration_ms\x18\x04 \x01(\r\x12\x13\n\x06reason\x18\x05 \x01(\tH\x01\x88\x01\x01\x12\x15\n\x08start_at\x18\x06 \x01(\x01H\x02\x88\x01\x01\x42\n\n\x08selectorB\t\n\x07_reasonB\x0b\n\t_start_at\"W\n\rCaptureRecord\x12\n\n\x02id\x18\x01 \x01(\t\x12%\n\x07outcome\x18\x02 \x01(\x0e\x32\x14.gpuscope.v1.Outcome\x12\x13\n\x0brecord_json\x18\x03 \x01(\t\"=\n\x13ListCapturesRequest\x12\r\n\x05limit\x18\x01 \x01(\r\x12\x17\n\x0finclude_refused\x18\x02 \x01(\x08\"\x9e\x01\n\x14ListCapturesResponse\x12,\n\x08\x63\x61ptures\x18\x01 \x03(\x0b\x32\x1a.gpuscope.v1.CaptureRecord\x12\x1a\n\rrefused_count\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x14\n\x0crefused_json\x18\x03 \x01(\x0c\x12\x14\n\x0clisting_json\x18\x04 \x01(\x0c\x42\x10\n\x0e_refused_count\"\x1f\n\x11GetCaptureRequest\x12\n\n\x02id\x18\x01 \x01(\t\"E\n\tFileChunk\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0c\n\x04last\x18\x04 \x01(\x08\"\x15\n\x13GetAgentInfoRequest\"\x87\x01\n\tAgentInfo\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x1a\n\x12simulated_scenario\x18\x04 \x01(\t\x12\x16\n\x0e\x63ontrol_socket\x18\x05 \x01(\t\x12\x15\n\rcapture_store\x18\x06 \x01(\t*\xb3\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x14\n\x10OUTCOME_CAPTURED\x10\x01\x12\x10\n\x0cOUTCOME_BUSY\x10\x02\x12\x11\n\rOUTCOME_EMPTY\x10\x03\x12\x17\n\x13OUTCOME_UNREACHABLE\x10\x04\x12\x13\n\x0fOUTCOME_REFUSED\x10\x05\x12\x12\n\x0eOUTCOME_FAILED\x10\x06\x12\x12\n\x0eOUTCOME_EXITED\x10\x07\x32\xd3\x03\n\x05\x41gent\x12P\n\x0bGetSnapshot\x12\x1f.gpuscope.v1.GetSnapshotRequest\x1a .gpuscope.v1.GetSnapshotResponse\x12M\n\nListAlerts\x12\x1e.gpuscope.v1.ListAlertsRequest\x1a\x1f.gpuscope.v1.ListAlertsResponse\x12\x42\n\x07\x43\x61pture\x12\x1b.gpuscope.v1.CaptureRequest\x1a\x1a.gpuscope.v1.CaptureRecord\x12S\n\x0cListCaptures\x12 .gpuscope.v1.ListCapturesRequest\x1a!.gpuscope.v1.ListCapturesResponse\x12\x46\n\nGetCapture\x12\x1e.gpuscope.v1.GetCaptureRequest\x1a\x16.gpuscope.v1.FileChunk0\x01\x12H\n\x0cGetAgentInfo\x12 .gpuscope.v1.GetAgentInfoRequest\x1a\x16.gpuscope.v1.AgentInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gpuscope.generated.agent.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OUTCOME']._serialized_start=913
-  _globals['_OUTCOME']._serialized_end=1092
+  _globals['_OUTCOME']._serialized_start=935
+  _globals['_OUTCOME']._serialized_end=1114
   _globals['_GETSNAPSHOTREQUEST']._serialized_start=56
   _globals['_GETSNAPSHOTREQUEST']._serialized_end=76
   _globals['_GETSNAPSHOTRESPONSE']._serialized_start=78
@@ -48,15 +48,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTCAPTURESREQUEST']._serialized_start=445
   _globals['_LISTCAPTURESREQUEST']._serialized_end=506
   _globals['_LISTCAPTURESRESPONSE']._serialized_start=509
-  _globals['_LISTCAPTURESRESPONSE']._serialized_end=645
-  _globals['_GETCAPTUREREQUEST']._serialized_start=647
-  _globals['_GETCAPTUREREQUEST']._serialized_end=678
-  _globals['_FILECHUNK']._serialized_start=680
-  _globals['_FILECHUNK']._serialized_end=749
-  _globals['_GETAGENTINFOREQUEST']._serialized_start=751
-  _globals['_GETAGENTINFOREQUEST']._serialized_end=772
-  _globals['_AGENTINFO']._serialized_start=775
-  _globals['_AGENTINFO']._serialized_end=910
-  _globals['_AGENT']._serialized_start=1095
-  _globals['_AGENT']._serialized_end=1562
+  _globals['_LISTCAPTURESRESPONSE']._serialized_end=667
+  _globals['_GETCAPTUREREQUEST']._serialized_start=669
+  _globals['_GETCAPTUREREQUEST']._serialized_end=700
+  _globals['_FILECHUNK']._serialized_start=702
+  _globals['_FILECHUNK']._serialized_end=771
+  _globals['_GETAGENTINFOREQUEST']._serialized_start=773
+  _globals['_GETAGENTINFOREQUEST']._serialized_end=794
+  _globals['_AGENTINFO']._serialized_start=797
+  _globals['_AGENTINFO']._serialized_end=932
+  _globals['_AGENT']._serialized_start=1117
+  _globals['_AGENT']._serialized_end=1584
 # @@protoc_insertion_point(module_scope)

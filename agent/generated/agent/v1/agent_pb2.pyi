@@ -81,14 +81,16 @@ class ListCapturesRequest(_message.Message):
     def __init__(self, limit: _Optional[int] = ..., include_refused: _Optional[bool] = ...) -> None: ...
 
 class ListCapturesResponse(_message.Message):
-    __slots__ = ("captures", "refused_count", "refused_json")
+    __slots__ = ("captures", "refused_count", "refused_json", "listing_json")
     CAPTURES_FIELD_NUMBER: _ClassVar[int]
     REFUSED_COUNT_FIELD_NUMBER: _ClassVar[int]
     REFUSED_JSON_FIELD_NUMBER: _ClassVar[int]
+    LISTING_JSON_FIELD_NUMBER: _ClassVar[int]
     captures: _containers.RepeatedCompositeFieldContainer[CaptureRecord]
     refused_count: int
     refused_json: bytes
-    def __init__(self, captures: _Optional[_Iterable[_Union[CaptureRecord, _Mapping]]] = ..., refused_count: _Optional[int] = ..., refused_json: _Optional[bytes] = ...) -> None: ...
+    listing_json: bytes
+    def __init__(self, captures: _Optional[_Iterable[_Union[CaptureRecord, _Mapping]]] = ..., refused_count: _Optional[int] = ..., refused_json: _Optional[bytes] = ..., listing_json: _Optional[bytes] = ...) -> None: ...
 
 class GetCaptureRequest(_message.Message):
     __slots__ = ("id",)

@@ -92,7 +92,8 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListCaptures(self, request, context):
-        """The stored captures, newest first; on request, the capture triggers the agent refused lately.
+        """The stored captures, newest first; on request, the capture triggers the agent refused lately;
+        as in GET /api/v1/captures.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
