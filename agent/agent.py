@@ -31,11 +31,11 @@ from gpuscope.exporters.health import SourceHealthCollector
 from gpuscope.exporters.pods import PodResourcesCollector
 from gpuscope.exporters.process_metrics import ProcessCollector
 from gpuscope.exporters.prometheus import SnapshotCollector
-from gpuscope.exporters.web import WebCollector
 from gpuscope.health import SourceHealth
 from gpuscope.listeners import SocketListeners
 from gpuscope.sampling.node import NodeSampling
 from gpuscope.systemd_notify import SystemdNotifier
+from gpuscope.web.self_metrics import WebCollector
 from gpuscope.web.server import AgentHttpServer
 from gpuscope.web.utilization_history import UtilizationHistory
 from gpuscope.web.web_config import WebConfigWatcher
@@ -95,12 +95,14 @@ class Agent:
             simulated=self.simulation.scenario.name if self.simulation is not None else None)
 
     def _build(self, settings: Settings) -> None:
-        self.registry = Registry()
         processes = settings.processes
-        self.registry.register(SnapshotCollector(self.sampler, include_cmdline=processes.cmdline,
-                                                 include_processes=processes.export,
-                                                 process_labels=processes.labels,
-                                                 max_per_gpu=processes.max_per_gpu))
+        # /metrics renders the snapshot's families once per sampling tick (they change only then) and
+        # the registry's, the agent's own state between ticks, on every request, after them.
+        self.snapshot_collector = SnapshotCollector(self.sampler, include_cmdline=processes.cmdline,
+                                                    include_processes=processes.export,
+                                                    process_labels=processes.labels,
+                                                    max_per_gpu=processes.max_per_gpu)
+        self.registry = Registry()
         self.registry.register(SourceHealthCollector(self.health))
         self.systemd = SystemdNotifier()
         self.sampler.add_listener(self.systemd.on_snapshot)
@@ -161,7 +163,8 @@ class Agent:
                                                      listeners=self.listeners)
         self.utilization_history = UtilizationHistory()  # the status page's sparklines
         self.sampler.add_listener(self.utilization_history.observe)
-        self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler,
+        self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry,
+                                    per_tick=self.snapshot_collector, source=self.sampler,
                                     listeners=self.listeners,
                                     alerts=self.alerts, webhook=self.webhook,
                                     expected_gpus=settings.nvml.expected_gpus, health=self.health,

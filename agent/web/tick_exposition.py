@@ -1,0 +1,140 @@
+"""The /metrics body of the current sampling tick, rendered once per format and served as bytes.
+
+Every scraper of a tick asks for the same families: rendering them for each request made a scrape's
+cost grow with the number of scrapers (50 at once queued behind 50 renders, one at a time under
+Python's lock). The families split in two:
+
+* **the tick's**: those of the collector whose families are a function of the sampler's latest
+  Snapshot and of whether it is stale (``SnapshotCollector``: the ``gpu_*`` and per-process series
+  and the sampler's own ``gpuscope_*`` families, the bulk of the body). They are collected once per
+  tick, on the first request that needs them, and rendered once per negotiated format (Content-Type:
+  text 0.0.4, OpenMetrics, each escaping scheme) on the first request for that format; the bytes and,
+  on the first request that accepts gzip, their gzip are served to every request until the next tick.
+  A tick is the snapshot (by identity) and its staleness: a snapshot that turns stale without a new
+  tick starts a new one, so frozen ``gpu_*`` values are never served from the cache.
+* **the rest**: what changes between ticks (requests refused, the agent's CPU and memory, the health
+  of sources other than the sampler, captures, alerts). They are collected and rendered on every
+  request and appended after the tick's (a few hundred bytes): they are never stale.
+
+Concurrent first requests of a tick wait for one render rather than each rendering (a lock per tick:
+rendering is CPU work under Python's lock, so rendering in parallel would gain nothing). Only the
+current tick is kept, with at most ``MAX_FORMATS_PER_TICK`` formats; a request for one more format
+(an Accept header can name any OpenMetrics version) is rendered for that request alone.
+
+gzip: the tick's part is compressed once with a sync flush, which ends it on a byte boundary with
+the compressor's state kept; each request copies that state and compresses only its own part after
+it, so the body is one gzip stream (one member, one CRC), as any client expects.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from dataclasses import dataclass, field
+
+from gpuscope.exporters.exposition import Encoder, is_openmetrics, without_eof
+from gpuscope.exporters.families import Collector, Metric
+from gpuscope.snapshot import Snapshot, SnapshotSource
+
+MAX_FORMATS_PER_TICK = 8  # text 0.0.4, OpenMetrics and a few escaping schemes; more is a client's oddity
+_GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate stream
+
+
+class TickRender:
+    """One format's render of the tick's families: the bytes, and their gzip once asked for."""
+
+    def __init__(self, body: bytes, gzip_level: int) -> None:
+        self.body = body
+        self._gzip_level = gzip_level
+        self._lock = threading.Lock()
+        self._gzip_head: bytes | None = None
+        self._compressor: zlib._Compress | None = None
+
+    def plain(self, rest: bytes) -> bytes:
+        """The body with ``rest`` (the per-request part) after the tick's."""
+        return self.body + rest
+
+    def gzip(self, rest: bytes) -> bytes:
+        """The gzip of ``plain(rest)``: the tick's part compressed once, ``rest`` on each call."""
+        head, compressor = self._gzip_state()
+        tail = compressor.copy()  # the state after the tick's part; the original is left for the next
+        return head + tail.compress(rest) + tail.flush()
+
+    def _gzip_state(self) -> tuple[bytes, zlib._Compress]:
+        if self._gzip_head is None or self._compressor is None:
+            with self._lock:  # the first gzip request compresses, any other at the same time waits
+                if self._gzip_head is None or self._compressor is None:
+                    compressor = zlib.compressobj(self._gzip_level, zlib.DEFLATED, _GZIP_WBITS)
+                    head = compressor.compress(self.body) + compressor.flush(zlib.Z_SYNC_FLUSH)
+                    self._compressor = compressor
+                    self._gzip_head = head
+        return self._gzip_head, self._compressor
+
+
+@dataclass
+class _Tick:
+    snapshot: Snapshot | None
+    stale: bool
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    families: list[Metric] | None = None
+    renders: dict[str, TickRender] = field(default_factory=dict)
+
+
+class TickExposition:
+    """The tick's families of ``per_tick`` (see the module's docstring), collected and rendered once
+    per tick of ``source``. ``renders`` counts the renders made, for the benchmark and tests."""
+
+    def __init__(self, per_tick: Collector, source: SnapshotSource, *, gzip_level: int) -> None:
+        self._per_tick = per_tick
+        self._source = source
+        self._gzip_level = gzip_level
+        self._lock = threading.Lock()
+        self._tick = _Tick(snapshot=None, stale=False)  # before the first tick: no snapshot yet
+        self.renders = 0
+
+    def render(self, content_type: str, encode: Encoder) -> TickRender:
+        """The tick's families in the format ``encode`` writes (named by ``content_type``), without
+        the OpenMetrics ``# EOF`` line: the per-request part after it ends the body."""
+        tick = self._current()
+        render = tick.renders.get(content_type)
+        if render is not None:
+            return render
+        with tick.lock:
+            render = tick.renders.get(content_type)
+            if render is not None:  # rendered while this request waited
+                return render
+            render = TickRender(self._encode(tick, content_type, encode), self._gzip_level)
+            if len(tick.renders) < MAX_FORMATS_PER_TICK:
+                tick.renders[content_type] = render
+            return render
+
+    def families(self) -> list[Metric]:
+        """The tick's families (collected once per tick); for the filtered requests, which render
+        on demand. The families are shared: a caller copies before it changes one."""
+        tick = self._current()
+        with tick.lock:
+            return self._families(tick)
+
+    def _encode(self, tick: _Tick, content_type: str, encode: Encoder) -> bytes:
+        body = encode(self._families(tick))
+        with self._lock:
+            self.renders += 1
+        return without_eof(body) if is_openmetrics(content_type) else body
+
+    def _families(self, tick: _Tick) -> list[Metric]:
+        """(Called holding ``tick.lock``.)"""
+        if tick.families is None:
+            tick.families = list(self._per_tick.collect())
+        return tick.families
+
+    def _current(self) -> _Tick:
+        """The current tick's entry; a new one (the last one's renders dropped) when the snapshot or
+        its staleness changed."""
+        snapshot = self._source.latest()
+        stale = self._source.snapshot_is_stale()
+        with self._lock:
+            tick = self._tick
+            if tick.snapshot is not snapshot or tick.stale != stale:
+                tick = self._tick = _Tick(snapshot=snapshot, stale=stale)
+            return tick
+
