@@ -11,7 +11,8 @@ before has its answer, so sampling ticks fall wherever they fall among the round
 
 Reported per encoding: requests, errors (a refused or reset connection, a timeout, or any status but
 200; the goal is none), the latency percentiles of the successful requests (connect to last byte,
-p50/p95/p99/max) and the body's size as sent. The client threads run in this process: on a small
+p50/p95/p99/max), the body's size as sent, and the agent's CPU time per request (user and system,
+from /proc; sampling ticks included). The client threads run in this process: on a small
 machine they compete with the agent for the CPU, as scrapers on the same host would.
 """
 
@@ -73,6 +74,16 @@ def scrape(port: int, gzip: bool, results: Results) -> None:
         connection.close()
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process ``pid`` so far (0 where /proc cannot tell)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[-1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def run_rounds(port: int, gzip: bool, scrapers: int, rounds: int) -> Results:
     """``rounds`` rounds of ``scrapers`` requests released together by a barrier."""
     results = Results()
@@ -100,14 +111,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def summary(encoding: str, results: Results) -> dict[str, Any]:
+def summary(encoding: str, results: Results, agent_cpu_s: float) -> dict[str, Any]:
     lat = results.latencies
+    requests = len(lat) + sum(results.failures.values())
     return {
-        "encoding": encoding, "requests": len(lat) + sum(results.failures.values()),
+        "encoding": encoding, "requests": requests,
         "errors": sum(results.failures.values()), "error_kinds": dict(results.failures),
         "p50_ms": round(1000 * percentile(lat, 0.50), 1), "p95_ms": round(1000 * percentile(lat, 0.95), 1),
         "p99_ms": round(1000 * percentile(lat, 0.99), 1),
         "max_ms": round(1000 * max(lat), 1) if lat else float("nan"), "body_bytes": results.body_bytes,
+        "agent_cpu_ms_per_request": round(1000 * agent_cpu_s / max(requests, 1), 2),
     }
 
 
@@ -133,8 +146,11 @@ def main() -> None:
         try:
             wait_ready(base, agent)
             time.sleep(args.warmup)
-            reports = [summary(encoding, run_rounds(port, encoding == "gzip", args.scrapers, args.rounds))
-                       for encoding in ENCODINGS]
+            reports = []
+            for encoding in ENCODINGS:
+                cpu_before = cpu_seconds(agent.pid)
+                results = run_rounds(port, encoding == "gzip", args.scrapers, args.rounds)
+                reports.append(summary(encoding, results, cpu_seconds(agent.pid) - cpu_before))
         finally:
             stop(agent)
     report = {"scenario": args.scenario, "scrapers": args.scrapers, "rounds": args.rounds,
@@ -144,10 +160,11 @@ def main() -> None:
     print(f"{args.scrapers} scrapers at once, {args.rounds} rounds per encoding, /metrics of the simulated "
           f"'{args.scenario}' node over loopback ({os.cpu_count()} CPUs)")
     print(f"{'encoding':>8} {'requests':>9} {'errors':>7} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8} "
-          f"{'body':>9}")
+          f"{'body':>9} {'agent CPU/req':>14}")
     for r in reports:
         print(f"{r['encoding']:>8} {r['requests']:>9} {r['errors']:>7} {r['p50_ms']:>6}ms {r['p95_ms']:>6}ms "
-              f"{r['p99_ms']:>6}ms {r['max_ms']:>6}ms {r['body_bytes']:>7} B")
+              f"{r['p99_ms']:>6}ms {r['max_ms']:>6}ms {r['body_bytes']:>7} B "
+              f"{r['agent_cpu_ms_per_request']:>11} ms")
         if r["error_kinds"]:
             print(f"{'':>8} errors: {r['error_kinds']}")
 
