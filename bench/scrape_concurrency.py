@@ -1,7 +1,7 @@
 """Latency of /metrics when many scrapers ask at once (not a test: run by hand).
 
-    python bench/scrape_latency.py                       # 50 scrapers, 20 rounds, plain and gzip
-    python bench/scrape_latency.py --scrapers 100 --rounds 40 --json out.json
+    python bench/scrape_concurrency.py                       # 50 scrapers, 20 rounds, plain and gzip
+    python bench/scrape_concurrency.py --scrapers 100 --rounds 40 --json out.json
 
 Starts `gpuscope run --simulate demo` as a subprocess and, for each encoding (plain, then gzip),
 runs ``--rounds`` rounds in which ``--scrapers`` client threads ask for /metrics in the same instant,
@@ -11,7 +11,8 @@ before has its answer, so sampling ticks fall wherever they fall among the round
 
 Reported per encoding: requests, errors (a refused or reset connection, a timeout, or any status but
 200; the goal is none), the latency percentiles of the successful requests (connect to last byte,
-p50/p95/p99/max), the body's size as sent, and the agent's CPU time per request (user and system,
+p50/p95/p99/max), the body's size as sent (smallest and largest: the simulated node's processes come
+and go), and the agent's CPU time per request (user and system,
 from /proc; sampling ticks included). The client threads run in this process: on a small
 machine they compete with the agent for the CPU, as scrapers on the same host would.
 """
@@ -41,13 +42,13 @@ ENCODINGS = ("plain", "gzip")
 class Results:
     latencies: list[float] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
-    body_bytes: int = 0
+    body_sizes: set[int] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ok(self, latency: float, size: int) -> None:
         with self.lock:
             self.latencies.append(latency)
-            self.body_bytes = size
+            self.body_sizes.add(size)
 
     def failed(self, kind: str) -> None:
         with self.lock:
@@ -119,7 +120,8 @@ def summary(encoding: str, results: Results, agent_cpu_s: float) -> dict[str, An
         "errors": sum(results.failures.values()), "error_kinds": dict(results.failures),
         "p50_ms": round(1000 * percentile(lat, 0.50), 1), "p95_ms": round(1000 * percentile(lat, 0.95), 1),
         "p99_ms": round(1000 * percentile(lat, 0.99), 1),
-        "max_ms": round(1000 * max(lat), 1) if lat else float("nan"), "body_bytes": results.body_bytes,
+        "max_ms": round(1000 * max(lat), 1) if lat else float("nan"),
+        "body_bytes_min": min(results.body_sizes, default=0), "body_bytes_max": max(results.body_sizes, default=0),
         "agent_cpu_ms_per_request": round(1000 * agent_cpu_s / max(requests, 1), 2),
     }
 
@@ -160,10 +162,10 @@ def main() -> None:
     print(f"{args.scrapers} scrapers at once, {args.rounds} rounds per encoding, /metrics of the simulated "
           f"'{args.scenario}' node over loopback ({os.cpu_count()} CPUs)")
     print(f"{'encoding':>8} {'requests':>9} {'errors':>7} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8} "
-          f"{'body':>9} {'agent CPU/req':>14}")
+          f"{'body':>15} {'agent CPU/req':>14}")
     for r in reports:
         print(f"{r['encoding']:>8} {r['requests']:>9} {r['errors']:>7} {r['p50_ms']:>6}ms {r['p95_ms']:>6}ms "
-              f"{r['p99_ms']:>6}ms {r['max_ms']:>6}ms {r['body_bytes']:>7} B "
+              f"{r['p99_ms']:>6}ms {r['max_ms']:>6}ms {r['body_bytes_min']:>6}-{r['body_bytes_max']:<6} B "
               f"{r['agent_cpu_ms_per_request']:>11} ms")
         if r["error_kinds"]:
             print(f"{'':>8} errors: {r['error_kinds']}")
