@@ -121,7 +121,8 @@ def summary(encoding: str, results: Results, agent_cpu_s: float) -> dict[str, An
         "p50_ms": round(1000 * percentile(lat, 0.50), 1), "p95_ms": round(1000 * percentile(lat, 0.95), 1),
         "p99_ms": round(1000 * percentile(lat, 0.99), 1),
         "max_ms": round(1000 * max(lat), 1) if lat else float("nan"),
-        "body_bytes_min": min(results.body_sizes, default=0), "body_bytes_max": max(results.body_sizes, default=0),
+        "body_bytes_min": min(results.body_sizes, default=0),
+        "body_bytes_max": max(results.body_sizes, default=0),
         "agent_cpu_ms_per_request": round(1000 * agent_cpu_s / max(requests, 1), 2),
     }
 
