@@ -21,13 +21,15 @@ rendering is CPU work under Python's lock, so rendering in parallel would gain n
 current tick is kept, with at most ``MAX_FORMATS_PER_TICK`` formats; a request for one more format
 (an Accept header can name any OpenMetrics version) is rendered for that request alone.
 
-gzip: the tick's part is compressed once with a sync flush, which ends it on a byte boundary with
-the compressor's state kept; each request copies that state and compresses only its own part after
-it, so the body is one gzip stream (one member, one CRC), as any client expects.
+gzip: the tick's part is deflated once, ending with a sync flush (on a byte boundary, its last block
+not final); each request deflates only its own part, as the final blocks after it, and the body is
+one gzip member (one header, one CRC-32 and length of the whole), as any client expects. Nothing of
+the compressor is kept between requests (a deflate state is some 256 KiB).
 """
 
 from __future__ import annotations
 
+import struct
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -37,38 +39,45 @@ from gpuscope.exporters.families import Collector, Metric
 from gpuscope.snapshot import Snapshot, SnapshotSource
 
 MAX_FORMATS_PER_TICK = 8  # text 0.0.4, OpenMetrics and a few escaping schemes; more is a client's oddity
-_GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate stream
+# gzip's member header (RFC 1952): deflate, no flags, no modification time, no extra flags, OS unknown.
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+_TAIL_WINDOW_BITS = 12  # the per-request part is a few hundred bytes: a 4 KiB window is plenty
 
 
 class TickRender:
-    """One format's render of the tick's families: the bytes, and their gzip once asked for."""
+    """One format's render of the tick's families: the bytes, and their deflate once gzip is asked for."""
 
     def __init__(self, body: bytes, gzip_level: int) -> None:
         self.body = body
         self._gzip_level = gzip_level
         self._lock = threading.Lock()
-        self._gzip_head: bytes | None = None
-        self._compressor: zlib._Compress | None = None
+        self._deflated: tuple[bytes, int] | None = None  # the body's deflate blocks and its CRC-32
 
     def plain(self, rest: bytes) -> bytes:
         """The body with ``rest`` (the per-request part) after the tick's."""
         return self.body + rest
 
     def gzip(self, rest: bytes) -> bytes:
-        """The gzip of ``plain(rest)``: the tick's part compressed once, ``rest`` on each call."""
-        head, compressor = self._gzip_state()
-        tail = compressor.copy()  # the state after the tick's part; the original is left for the next
-        return head + tail.compress(rest) + tail.flush()
+        """The gzip of ``plain(rest)``, one member: the tick's deflate blocks (compressed once, ending
+        on a byte boundary and not final), then ``rest`` compressed on its own as the final blocks, with
+        the CRC-32 and length of the whole."""
+        deflated, crc = self._deflate()
+        tail = zlib.compressobj(self._gzip_level, zlib.DEFLATED, -_TAIL_WINDOW_BITS)
+        size = (len(self.body) + len(rest)) & 0xFFFFFFFF
+        return b"".join((_GZIP_HEADER, deflated, tail.compress(rest), tail.flush(),
+                         struct.pack("<II", zlib.crc32(rest, crc), size)))
 
-    def _gzip_state(self) -> tuple[bytes, zlib._Compress]:
-        if self._gzip_head is None or self._compressor is None:
+    def _deflate(self) -> tuple[bytes, int]:
+        deflated = self._deflated
+        if deflated is None:
             with self._lock:  # the first gzip request compresses, any other at the same time waits
-                if self._gzip_head is None or self._compressor is None:
-                    compressor = zlib.compressobj(self._gzip_level, zlib.DEFLATED, _GZIP_WBITS)
-                    head = compressor.compress(self.body) + compressor.flush(zlib.Z_SYNC_FLUSH)
-                    self._compressor = compressor
-                    self._gzip_head = head
-        return self._gzip_head, self._compressor
+                deflated = self._deflated
+                if deflated is None:
+                    compressor = zlib.compressobj(self._gzip_level, zlib.DEFLATED, -zlib.MAX_WBITS)
+                    # A sync flush ends the blocks on a byte boundary without marking the last one final.
+                    blocks = compressor.compress(self.body) + compressor.flush(zlib.Z_SYNC_FLUSH)
+                    deflated = self._deflated = (blocks, zlib.crc32(self.body))
+        return deflated
 
 
 @dataclass
