@@ -303,3 +303,17 @@ def test_the_http_server_serves_the_ticks_render_over_a_socket() -> None:
         assert per_tick.collects == 1
     finally:
         server.stop()
+
+
+def test_a_request_that_read_an_older_snapshot_leaves_the_newer_ticks_render_in_place() -> None:
+    older = make_snapshot(monotonic=999.0, gpus=[make_gpu(0, power_watts=100.5)])
+    newer = make_snapshot(monotonic=1000.0, gpus=[make_gpu(0, power_watts=222.25)])
+    app, source, per_tick = make_app(newer)
+    scrape(app)
+    source.snapshot = older  # as a request held up across the tick's end reads it
+    _, body = scrape(app)
+    assert b"} 100.5\n" in body  # what it read, rendered for it alone
+    source.snapshot = newer
+    _, body = scrape(app)
+    assert b"} 222.25\n" in body
+    assert per_tick.collects == 2  # the newer tick's render was kept

@@ -138,12 +138,17 @@ class TickExposition:
 
     def _current(self) -> _Tick:
         """The current tick's entry; a new one (the last one's renders dropped) when the snapshot or
-        its staleness changed."""
+        its staleness changed. A request that read the snapshot before the one already kept (it was
+        held up while a tick ended) gets an entry of its own, so that it cannot evict the newer tick's."""
         snapshot = self._source.latest()
         stale = self._source.snapshot_is_stale()
         with self._lock:
             tick = self._tick
-            if tick.snapshot is not snapshot or tick.stale != stale:
-                tick = self._tick = _Tick(snapshot=snapshot, stale=stale)
+            if tick.snapshot is snapshot and tick.stale == stale:
+                return tick
+            kept = tick.snapshot
+            if snapshot is not None and kept is not None and snapshot.monotonic < kept.monotonic:
+                return _Tick(snapshot=snapshot, stale=stale)
+            tick = self._tick = _Tick(snapshot=snapshot, stale=stale)
             return tick
 
