@@ -33,11 +33,11 @@ from gpuscope.exporters.health import SourceHealthCollector
 from gpuscope.exporters.pods import PodResourcesCollector
 from gpuscope.exporters.process_metrics import ProcessCollector
 from gpuscope.exporters.prometheus import SnapshotCollector
-from gpuscope.exporters.web import WebCollector
 from gpuscope.health import SourceHealth
 from gpuscope.listeners import SocketListeners
 from gpuscope.sampling.node import NodeSampling
 from gpuscope.systemd_notify import SystemdNotifier
+from gpuscope.web.self_metrics import WebCollector
 from gpuscope.web.server import AgentHttpServer
 from gpuscope.web.utilization_history import UtilizationHistory
 from gpuscope.web.web_config import WebConfigWatcher
@@ -99,15 +99,17 @@ class Agent:
             downloads=lambda: self.web_config.current().authenticates_every_client)
 
     def _build(self, settings: Settings) -> None:
-        self.registry = Registry()
         processes = settings.processes
         # What the documents both doors serve (HTTP's /api/v1/*, the control API) say of processes.
         self.process_exposure = ProcessExposure(export=processes.export, cmdline=processes.cmdline,
                                                 user=processes.user)
-        self.registry.register(SnapshotCollector(self.sampler, include_cmdline=processes.cmdline,
-                                                 include_processes=processes.export,
-                                                 process_labels=processes.labels,
-                                                 max_per_gpu=processes.max_per_gpu))
+        # /metrics renders the snapshot's families once per sampling tick (they change only then) and
+        # the registry's, the agent's own state between ticks, on every request, after them.
+        self.snapshot_collector = SnapshotCollector(self.sampler, include_cmdline=processes.cmdline,
+                                                    include_processes=processes.export,
+                                                    process_labels=processes.labels,
+                                                    max_per_gpu=processes.max_per_gpu)
+        self.registry = Registry()
         self.registry.register(SourceHealthCollector(self.health))
         self.systemd = SystemdNotifier()
         self.sampler.add_listener(self.systemd.on_snapshot)
@@ -169,7 +171,8 @@ class Agent:
                                                      listeners=self.listeners)
         self.utilization_history = UtilizationHistory()  # the status page's sparklines
         self.sampler.add_listener(self.utilization_history.observe)
-        self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry, source=self.sampler,
+        self.http = AgentHttpServer(settings.web.listen_address, registry=self.registry,
+                                    per_tick=self.snapshot_collector, source=self.sampler,
                                     listeners=self.listeners,
                                     alerts=self.alerts, webhook=self.webhook,
                                     expected_gpus=settings.nvml.expected_gpus, health=self.health,

@@ -9,6 +9,10 @@ Times, as median and p99 over many rounds:
   registers them), without encoding;
 * ``render``: encoding alone (of families collected once), with prometheus_client's encoders and
   with gpuscope.exporters.exposition's, text 0.0.4 and OpenMetrics;
+* ``serve``: the /metrics handler in process (the WSGI application, no socket), as the agent wires
+  it: the snapshot's families from the tick's render (``same tick``: what every scrape of a tick but
+  the first costs) or rendered anew (``new tick``: the first scrape after each tick), the process
+  families rendered on each request after them, plain and gzipped;
 * ``http``: a whole loopback ``GET /metrics`` against AgentHttpServer on 127.0.0.1, timed by a
   client in another process (as Prometheus would be, so that the client does not compete for this
   process's GIL), a fresh connection per request as the wsgiref server closes it: plain text,
@@ -29,7 +33,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics_exposition
@@ -37,6 +43,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from gpuscope.exporters.prometheus import SnapshotCollector
 from gpuscope.snapshot import Snapshot
+from gpuscope.web.app import AgentApp
 from gpuscope.web.server import AgentHttpServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -92,6 +99,31 @@ class _Source:
 
     def is_alive(self) -> bool:
         return True
+
+
+def served_by_the_app(snapshot: Snapshot, cmdline: bool) -> list[tuple[str, Callable[[], bytes]]]:
+    """/metrics answered by the WSGI application as the agent wires it: the snapshot's families
+    rendered once per tick, the process families on every request."""
+    source = FakeSource(snapshot)
+    live = CollectorRegistry()
+    ProcessCollector(registry=live)
+    app = AgentApp(live, source, lambda: snapshot.monotonic,
+                   per_tick=SnapshotCollector(source, include_cmdline=cmdline))
+
+    def serve(encoding: str | None) -> bytes:
+        environ: dict[str, Any] = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": ""}
+        if encoding is not None:
+            environ["HTTP_ACCEPT_ENCODING"] = encoding
+        return b"".join(app(environ, lambda status, headers, exc_info=None: None))
+
+    def new_tick(encoding: str | None) -> bytes:
+        source.snapshot = replace(snapshot)  # a snapshot of its own: a tick of its own
+        return serve(encoding)
+
+    return [("serve text, same tick", lambda: serve(None)),
+            ("serve text gzip, same tick", lambda: serve("gzip")),
+            ("serve text, new tick", lambda: new_tick(None)),
+            ("serve text gzip, new tick", lambda: new_tick("gzip"))]
 
 
 def median_p99(sorted_ms: list[float]) -> tuple[float, float]:
@@ -158,6 +190,8 @@ def main() -> None:
         ]
     for label, encode in encoders:
         report(label, timings_ms(encode, args.rounds), len(encode()))
+    for label, action in served_by_the_app(snapshot, args.cmdline):
+        report(label, timings_ms(action, args.rounds), len(action()))
     if args.encoders_only:
         return
 

@@ -1,7 +1,8 @@
 """Prometheus exposition of the agent's own alerts, as a custom ``prometheus_client`` collector.
 
-Like SnapshotCollector, every scrape builds fresh families from what the AlertSource reports now: an
-alert that stops firing is gone from the next scrape. Pending alerts are not exported (Prometheus'
+Every scrape builds fresh families from what the AlertSource reports now (unlike SnapshotCollector's,
+rendered once per tick, these are rendered on every request): an alert that stops firing is gone
+from the next scrape. Pending alerts are not exported (Prometheus'
 own ``ALERTS`` series has them, with an ``alertstate`` label; the agent's are for dashboards that
 show what the agent itself concluded), nor are alerts muted by a greater one on their GPU
 (alerts/inhibition.py). The catalogue entries are in docs/metrics.md ("Alerts").

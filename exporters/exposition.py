@@ -49,10 +49,12 @@ __all__ = [
     "CONTENT_TYPE_TEXT",
     "UNDERSCORES",
     "Encoder",
+    "is_openmetrics",
     "negotiate",
     "render_openmetrics",
     "render_text",
     "restrict_families",
+    "without_eof",
 ]
 
 UNDERSCORES = "underscores"  # prometheus_client's default name escaping scheme
@@ -214,6 +216,21 @@ def _at_least_1(version: str) -> bool:
 
 class _UnreadableVersion(ValueError):
     pass
+
+
+def is_openmetrics(content_type: str) -> bool:
+    """Whether a Content-Type ``negotiate`` chose is OpenMetrics' (its bodies end with ``# EOF``)."""
+    return content_type.startswith("application/openmetrics-text")
+
+
+def without_eof(body: bytes) -> bytes:
+    """An OpenMetrics body without its final ``# EOF`` line: the start of a body whose rest, rendered
+    separately, brings its own (both encoders render family by family, so the two parts joined are the
+    body of all the families rendered at once)."""
+    eof = _EOF.encode()
+    if not body.endswith(eof):
+        raise ValueError("not an OpenMetrics body: it does not end with '# EOF'")
+    return body[: -len(eof)]
 
 
 def gzip_accepted(accept_encoding: str | None) -> bool:

@@ -125,7 +125,11 @@ _CLOCK_EVENT_NAMES: tuple[str, ...] = tuple(CLOCK_EVENT_REASONS.values())
 
 
 class SnapshotCollector(Collector):
-    """Renders the latest Snapshot of ``source`` as Prometheus metric families on every scrape.
+    """Renders the latest Snapshot of ``source`` as Prometheus metric families on every collect.
+
+    The families are a function of the latest snapshot and of whether it is stale, nothing else that
+    changes: ``/metrics`` collects them once per sampling tick and serves that tick's render to every
+    scraper (web/tick_exposition.py). ``describe`` and ``collect`` must keep it so.
 
     Before the first sampling tick (no snapshot yet) only the build info and ``gpuscope_nvml_up 0``
     are exported. While the snapshot is stale (the sampler stuck as a whole) only the agent's own

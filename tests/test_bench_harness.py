@@ -63,3 +63,21 @@ def test_nvml_record_records_or_says_there_is_no_nvml(tmp_path: Path) -> None:
     else:
         assert "NVML is not available" in result.stderr, result.stderr
         assert not out.exists()
+
+
+def test_scrape_concurrency_reports_percentiles_and_body_sizes_of_concurrent_scrapes(tmp_path: Path) -> None:
+    out = tmp_path / "scrape.json"
+    result = run_bench("scrape_concurrency.py", "--scrapers", "5", "--rounds", "2", "--warmup", "0",
+                       "--json", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    assert (report["scenario"], report["scrapers"], report["rounds"]) == ("demo", 5, 2)
+    plain, zipped = report["encodings"]
+    assert (plain["encoding"], zipped["encoding"]) == ("plain", "gzip")
+    for figures in (plain, zipped):
+        assert figures["requests"] == 10 and figures["errors"] == 0, figures
+        assert 0 < figures["p50_ms"] <= figures["p95_ms"] <= figures["p99_ms"] <= figures["max_ms"], figures
+    for figures in (plain, zipped):
+        assert 0 < figures["body_bytes_min"] <= figures["body_bytes_max"], figures
+    assert plain["body_bytes_min"] > 10_000 and zipped["body_bytes_max"] < plain["body_bytes_min"] / 2
+    assert "p99" in result.stdout and "gzip" in result.stdout

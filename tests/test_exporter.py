@@ -42,12 +42,12 @@ from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.exporters.health import SourceHealthCollector
 from gpuscope.exporters.process_series import CMDLINE_MAX_CHARS
 from gpuscope.exporters.prometheus import SnapshotCollector
-from gpuscope.exporters.web import WebCollector
 from gpuscope.health import SOURCES, SourceHealth
 from gpuscope.nvml.clock_events import CLOCK_EVENT_REASONS
 from gpuscope.snapshot import GpuReading, PodContainer, SlurmJob, Snapshot
 from gpuscope.version import __version__
 from gpuscope.web.rejections import Rejections
+from gpuscope.web.self_metrics import WebCollector
 from gpuscope.web.web_config import WebConfigWatcher
 
 ROOT = Path(__file__).resolve().parent.parent

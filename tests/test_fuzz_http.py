@@ -52,11 +52,12 @@ class Alerts:
 
 
 def make_app() -> AgentApp:
+    """The snapshot's families rendered once per tick and format, as the agent serves them (an Accept
+    header can name any number of formats: past a few per tick they are rendered per request)."""
     snapshot = make_full_snapshot()
-    registry = CollectorRegistry()
-    registry.register(SnapshotCollector(FakeSource(snapshot), include_cmdline=True))
     source = FakeSource(snapshot)
-    return AgentApp(registry, source, lambda: snapshot.monotonic + 0.5, alerts=Alerts())
+    return AgentApp(CollectorRegistry(), source, lambda: snapshot.monotonic + 0.5, alerts=Alerts(),
+                    per_tick=SnapshotCollector(source, include_cmdline=True))
 
 
 APP = make_app()

@@ -16,12 +16,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"gpuscope": ROOT / "agent", "gpuscope.exporters": ROOT / "exporters"}
-# Cycles still being removed, as pairs of parts (each direction of the pair is allowed).
-ALLOWED_CYCLES = {
-    # exporters/web.py reads the web listener's rejections and configuration while web/app.py
-    # encodes the exporters' families: being moved apart; delete this entry once it is.
-    frozenset({"exporters", "web"}),
-}
 # `import gpuscope.x` or `from gpuscope.x import y` at the start of a line of a string constant.
 _IMPORT_IN_TEXT = re.compile(r"^\s*(?:from\s+(gpuscope(?:\.\w+)*)\s+import\s+([\w, ]+)"
                              r"|import\s+(gpuscope(?:\.\w+)*))", re.MULTILINE)
@@ -147,8 +141,7 @@ def shortest_cycle(start: str, edges: set[Edge]) -> list[str]:
 
 def test_no_import_cycle_between_parts() -> None:
     graph = import_graph()
-    allowed = {(a, b) for pair in ALLOWED_CYCLES for a in pair for b in pair if a != b}
-    remaining = set(graph) - allowed
+    remaining = set(graph)
     problems = []
     for component in cycles(remaining):
         inside = {(a, b) for a, b in remaining if a in component and b in component}
@@ -156,14 +149,6 @@ def test_no_import_cycle_between_parts() -> None:
         lines = [f"  {a} -> {b}: " + "; ".join(graph[a, b][:3]) for a, b in pairwise(loop)]
         problems.append(f"{' -> '.join(loop)} (among {', '.join(component)})\n" + "\n".join(lines))
     assert not problems, "import cycles between gpuscope's parts:\n" + "\n".join(problems)
-
-
-def test_allowed_cycles_still_exist() -> None:
-    """An allowed cycle that is gone must leave the list, so that it cannot come back unnoticed."""
-    graph = import_graph()
-    for pair in ALLOWED_CYCLES:
-        a, b = sorted(pair)
-        assert (a, b) in graph and (b, a) in graph, f"{a} <-> {b} is no longer a cycle: remove it"
 
 
 def test_finds_a_cycle_and_where_it_is() -> None:
@@ -194,3 +179,36 @@ def test_pynvml_is_imported_by_the_nvml_boundary_only() -> None:
             if any(name == "pynvml" or name.startswith("pynvml.") for name in names):
                 importers.add(module)
     assert {m for m in importers if not m.startswith("gpuscope.simulate.")} == PYNVML_IMPORTERS
+
+
+# Packages above the exporters: the HTTP side and the wiring that starts everything.
+ABOVE_EXPORTERS = ("gpuscope.web", "gpuscope.agent", "gpuscope.cli")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth (an import inside a function counts too)."""
+    modules: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules.add(node.module)
+            modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return modules
+
+
+def test_imported_modules_sees_imports_anywhere_in_a_module(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("import gpuscope.web.app\ndef f():\n    from gpuscope import web\n")
+    assert {"gpuscope.web.app", "gpuscope.web"} <= imported_modules(module)
+
+
+def test_no_exporter_imports_the_web_side_or_the_wiring() -> None:
+    sources = sorted((ROOT / "exporters").rglob("*.py"))
+    assert sources, "no exporters found"
+    upward = {
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sources for module in imported_modules(path)
+        if any(module == above or module.startswith(above + ".") for above in ABOVE_EXPORTERS)
+    }
+    assert not upward, sorted(upward)

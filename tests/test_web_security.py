@@ -24,7 +24,7 @@ from pki import Pki, make_pki
 from prometheus_client import CollectorRegistry
 from snapshots import FakeSource, make_snapshot
 
-from gpuscope.exporters.web import WebCollector
+from gpuscope.web.self_metrics import WebCollector
 from gpuscope.web.server import AgentHttpServer
 from gpuscope.web.web_config import WebConfigWatcher
 from gpuscope.web.webhook_auth import WebhookAuth

@@ -1,12 +1,14 @@
 """The agent's HTTP endpoints: the status page, /metrics, health and readiness probes, the snapshot,
 alerts and captures as JSON, capture downloads.
 
-A small WSGI application (the listening side is ``server``). /metrics collects the registry once per
-request and encodes the families with gpuscope.exporters.exposition, which writes the bytes
-prometheus_client's encoders would, several times faster. Content negotiation (text 0.0.4 or
-OpenMetrics, and their Content-Type strings) and the gzip decision follow prometheus_client's, so
-clients see what every other Python exporter serves; gzip uses a fast compression level.
-``?name[]=NAME`` (repeatable) keeps only the families, or the samples, with those names.
+A small WSGI application (the listening side is ``server``). /metrics encodes the families with
+gpuscope.exporters.exposition, which writes the bytes prometheus_client's encoders would, several
+times faster: the sampling tick's families (``per_tick``) once per tick and format, served as bytes to
+every scraper of the tick (``tick_exposition``), then the registry's, which change between ticks, on
+every request. Content negotiation (text 0.0.4 or OpenMetrics, and their Content-Type strings) and the
+gzip decision follow prometheus_client's, so clients see what every other Python exporter serves; gzip
+uses a fast compression level. ``?name[]=NAME`` (repeatable) keeps only the families, or the samples,
+with those names (rendered for that request).
 
 /api/v1/snapshot, /api/v1/alerts and /api/v1/captures answer the documents of ``gpuscope.documents``,
 the same the control API answers (GetSnapshot, ListAlerts, ListCaptures): one builder each, and one
@@ -29,6 +31,7 @@ agent's user and group can open, stays the way to fetch a capture.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import logging
 import time
@@ -59,6 +62,7 @@ from gpuscope.version import __version__
 from gpuscope.web.capture_download import CaptureArchive, capture_archive
 from gpuscope.web.rejections import Rejections
 from gpuscope.web.status_page import StatusView, render_status_page
+from gpuscope.web.tick_exposition import TickExposition
 from gpuscope.web.utilization_history import DEFAULT_POINTS, UtilizationHistory, UtilizationSeries
 from gpuscope.web.web_config import WebSecurity
 
@@ -101,10 +105,14 @@ class AgentApp:
                  processes: ProcessExposure = DEFAULT_PROCESSES,
                  captures: CaptureStore | None = None, history: UtilizationHistory | None = None,
                  simulated: str | None = None, security: Callable[[], WebSecurity] | None = None,
-                 wall_clock: Callable[[], float] = time.time, refusals: RefusalLog | None = None):
-        """``processes``: the ``processes`` settings, which decide what the documents say of GPU
-        processes (gpuscope.documents). ``captures``: the capture store (None: captures are off).
-        ``refusals``: the capture triggers the capture service refused lately. ``history``: the utilization
+                 wall_clock: Callable[[], float] = time.time, refusals: RefusalLog | None = None,
+                 per_tick: Collector | None = None):
+        """``per_tick``: the collector whose families are a function of ``source``'s latest snapshot and
+        its staleness (SnapshotCollector), served before ``registry``'s from one render per tick and
+        format; ``registry``: the families rendered on every request.
+        ``processes``: the ``processes`` settings, which decide what the documents say of GPU
+        processes (gpuscope.documents). ``captures``: the capture store (None: captures are off). ``refusals``: the capture triggers
+        the capture service refused lately. ``history``: the utilization
         ring a sampler listener feeds, for the status page's sparklines. ``simulated``: the scenario's
         name on a simulated node. ``security``: the web configuration in force (capture downloads
         need one that authenticates every client). ``wall_clock``: Unix time, for the ages the page shows."""
@@ -123,6 +131,8 @@ class AgentApp:
         self._health = health
         self._webhook = webhook
         self._registry = registry
+        self.tick_exposition = (None if per_tick is None else
+                                TickExposition(per_tick, source, gzip_level=GZIP_LEVEL))
         self._source = source
         self._clock = clock
         self._alerts = alerts
@@ -165,14 +175,26 @@ class AgentApp:
 
     def _metrics(self, environ: WSGIEnvironment) -> _Response:
         # HEAD renders too: its Content-Length is the GET body's (__call__ leaves the body out).
+        # The tick's families come from one render per tick and format; the registry's (the agent's
+        # own state between ticks: refused requests, its CPU and memory, sources' health, captures,
+        # alerts) are rendered here on every request, after them, so they are never stale.
         encode, content_type = negotiate(environ.get("HTTP_ACCEPT"))
-        families = self._registry.collect()
         names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
-        body = encode(restrict_families(families, frozenset(names)) if names else families)
+        gzipped = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or "")
         headers = [("Content-Type", content_type)]
-        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or ""):
-            body = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
+        if gzipped:
             headers.append(("Content-Encoding", "gzip"))
+        ticks = self.tick_exposition
+        if ticks is not None and not names:
+            rest = encode(self._registry.collect())
+            render = ticks.render(content_type, encode)
+            return "200 OK", headers, render.gzip(rest) if gzipped else render.plain(rest)
+        families = self._registry.collect()
+        if ticks is not None:
+            families = itertools.chain(ticks.families(), families)
+        body = encode(restrict_families(families, frozenset(names)) if names else families)
+        if gzipped:
+            body = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
         return "200 OK", headers, body
 
     def _alertmanager_webhook(self, environ: WSGIEnvironment, method: str) -> _Response:

@@ -220,6 +220,8 @@ class AgentHttpServer:
     clock that readiness compares snapshot ages with (a parameter so tests need not sleep).
     ``alerts`` is the rule engine, None when alerting is disabled. ``captures``, ``refusals``,
     ``history`` and ``simulated`` feed the status page and the capture endpoints (see ``app.AgentApp``).
+    ``per_tick``: the families rendered once per sampling tick, ``registry``: those rendered on every
+    request (see ``app.AgentApp``).
     """
 
     def __init__(
@@ -227,6 +229,7 @@ class AgentHttpServer:
         listen_address: str,
         *,
         registry: Collector,
+        per_tick: Collector | None = None,
         listeners: SocketListeners | None = None,
         source: SnapshotSource,
         clock: Callable[[], float] = time.monotonic,
@@ -253,7 +256,7 @@ class AgentHttpServer:
                        expected_gpus=expected_gpus, health=health, rejections=self.rejections,
                        processes=processes,
                        captures=captures, refusals=refusals, history=history, simulated=simulated,
-                       security=self.web_config.current)
+                       security=self.web_config.current, per_tick=per_tick)
         webhook_on = webhook is not None  # it checks its own credentials
         self._app = AccessControl(app, self.web_config.current, rejections=self.rejections,
                                   skip_auth=lambda path: webhook_on and path == WEBHOOK_PATH)

@@ -1,6 +1,12 @@
 """Prometheus exposition of the HTTP port's own state: the requests it refused before they reached
 an endpoint, by reason, and whether the last change of the web configuration file could be used
-(as Prometheus's ``prometheus_config_last_reload_successful``)."""
+(as Prometheus's ``prometheus_config_last_reload_successful``).
+
+It lives with the HTTP side it reports on, not in ``exporters/``: the web package imports the
+exporters (the families, the encoders), so the exporters must not import it back. Its families
+change between sampling ticks (a refusal can come at any time), so ``/metrics`` renders them on
+every request (``tick_exposition``).
+"""
 
 from __future__ import annotations
 
