@@ -97,7 +97,8 @@ def test_the_two_commands_on_a_fresh_machine_are_the_demo_and_what_ci_runs() -> 
 def test_every_benchmark_cited_for_a_figure_is_a_script_in_bench() -> None:
     text = (ROOT / "docs" / "performance.md").read_text()
     cited = set(re.findall(r"\bbench/([\w/]+\.py)\b", text))
-    assert {"overhead.py", "compare.py", "soak.py", "concurrency.py", "analysis.py", "scrape_concurrency.py"} <= cited
+    assert {"overhead.py", "compare.py", "soak.py", "concurrency.py", "analysis.py",
+            "scrape_concurrency.py"} <= cited
     assert not [name for name in sorted(cited) if not (ROOT / "bench" / name).is_file()]
 
 
