@@ -113,8 +113,8 @@ class AgentApp:
         ``processes``: the ``processes`` settings, which decide what the documents say of GPU
         processes (gpuscope.documents). ``captures``: the capture store (None: captures are off).
         ``refusals``: the capture triggers the capture service refused lately. ``history``: the
-        utilization ring a sampler listener feeds, for the status page's sparklines. ``simulated``: the scenario's
-        name on a simulated node. ``security``: the web configuration in force (capture downloads
+        utilization ring a sampler listener feeds, for the status page's sparklines. ``simulated``: the
+        scenario's name on a simulated node. ``security``: the web configuration in force (capture downloads
         need one that authenticates every client). ``wall_clock``: Unix time, for the ages the page shows."""
         if webhook is not None and webhook_auth is None:
             raise ValueError("the webhook needs its credentials (webhook_auth)")
