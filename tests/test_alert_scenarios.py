@@ -26,7 +26,7 @@ import pytest
 
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.model import Transition
-from gpuscope.alerts.rules import RulesConfig, build_rules
+from gpuscope.alerts.rules import HARDWARE_RULES, RulesConfig, build_rules
 from gpuscope.host.pods import PodAttribution
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml.boundary import Nvml
@@ -132,6 +132,9 @@ CASES = [
     # A GPU held by an idle process is also a job below 80 % to GpuLowUtilization.
     Case("alert-held-idle", "GpuHeldIdle", 1, window("GpuHeldIdle"), frozenset({("GpuLowUtilization", 1)})),
     Case("alert-allocated-unused", "GpuAllocatedUnused", 2, window("GpuAllocatedUnused")),
+    # GPU 3's row remap pending, GPU 7's failed: read from the start, each GPU unhealthy too.
+    Case("alert-row-remap", "GpuRowRemapPending", 3, 0.0,
+         frozenset({("GpuUnhealthy", 3), ("GpuRowRemapFailed", 7), ("GpuUnhealthy", 7)})),
 ]
 IDLE_RULES = ("GpuHeldIdle", "GpuAllocatedUnused")
 
@@ -189,11 +192,13 @@ def test_healthy_node_raises_nothing_in_ten_minutes() -> None:
 
 def test_the_demo_node_shows_every_rule() -> None:
     """The README's demo scenario is meant to show every pattern of a GPU at work: each rule fires
-    on it but those of a GPU held or allocated while idle (every demo GPU works)."""
+    on it but those of a GPU held or allocated while idle (every demo GPU works) and those of a GPU's
+    hardware (every demo GPU is sound)."""
     with Run("demo") as run:
         run.until(450.0)  # a 5-minute loop and a half: the lagging phase's window fills after 5m
     fired = {rule for rule, _gpu in run.fired()}
-    assert fired == set(RULES) - set(IDLE_RULES), sorted(set(RULES) - set(IDLE_RULES) - fired)
+    expected = set(RULES) - set(IDLE_RULES) - set(HARDWARE_RULES)
+    assert fired == expected, sorted(expected ^ fired)
     where: dict[str, set[int]] = {}
     for rule, gpu in run.fired():
         where.setdefault(rule, set()).add(gpu)
