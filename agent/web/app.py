@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from gpuscope.alerts.model import AlertSource
+from gpuscope.alerts.resolved import ResolvedAlerts
 from gpuscope.capture.refusals import RefusalLog, RefusedTrigger
 from gpuscope.capture.store import CaptureIdError, CaptureNotFoundError, CaptureStore, CaptureStoreError
 from gpuscope.exporters.exposition import gzip_accepted, negotiate, restrict_families
@@ -94,7 +95,8 @@ class AgentApp:
                  include_processes: bool = True, include_users: bool = True,
                  captures: CaptureStore | None = None, history: UtilizationHistory | None = None,
                  simulated: str | None = None, security: Callable[[], WebSecurity] | None = None,
-                 wall_clock: Callable[[], float] = time.time, refusals: RefusalLog | None = None):
+                 wall_clock: Callable[[], float] = time.time, refusals: RefusalLog | None = None,
+                 resolved: ResolvedAlerts | None = None):
         """``captures``: the capture store (None: captures are off). ``refusals``: the capture triggers
         the capture service refused lately. ``history``: the utilization
         ring a sampler listener feeds, for the status page's sparklines. ``simulated``: the scenario's
@@ -107,6 +109,7 @@ class AgentApp:
         self._include_users = include_users
         self._captures = captures
         self._refusals = refusals
+        self._resolved = resolved  # the alerts resolved lately, for the status page's captures
         self._history = history
         self._simulated = simulated
         self._security = security
@@ -208,6 +211,7 @@ class AgentApp:
             alerts=None if self._alerts is None else self._alerts.alerts(),
             captures=None if self._captures is None else self._captures.list(),
             refusals=() if self._refusals is None else self._refusals.recent(),
+            resolved=() if self._resolved is None else self._resolved.recent(),
             history=self._history.series if self._history is not None else _no_history,
             version=__version__, now=self._wall_clock(), simulated=self._simulated,
             include_processes=self._include_processes, include_users=self._include_users,

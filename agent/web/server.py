@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpuscope.alerts.model import AlertSource
+from gpuscope.alerts.resolved import ResolvedAlerts
 from gpuscope.capture.refusals import RefusalLog
 from gpuscope.capture.store import CaptureStore
 from gpuscope.common.addresses import parse_host_port
@@ -242,6 +243,7 @@ class AgentHttpServer:
         refusals: RefusalLog | None = None,
         history: UtilizationHistory | None = None,
         simulated: str | None = None,
+        resolved: ResolvedAlerts | None = None,
     ) -> None:
         self._max_requests = max_requests
         self._address = listen_address
@@ -253,7 +255,7 @@ class AgentHttpServer:
                        expected_gpus=expected_gpus, health=health, rejections=self.rejections,
                        include_processes=include_processes, include_users=include_users,
                        captures=captures, refusals=refusals, history=history, simulated=simulated,
-                       security=self.web_config.current)
+                       security=self.web_config.current, resolved=resolved)
         webhook_on = webhook is not None  # it checks its own credentials
         self._app = AccessControl(app, self.web_config.current, rejections=self.rejections,
                                   skip_auth=lambda path: webhook_on and path == WEBHOOK_PATH)
