@@ -135,6 +135,9 @@ CASES = [
     # GPU 3's row remap pending, GPU 7's failed: read from the start, each GPU unhealthy too.
     Case("alert-row-remap", "GpuRowRemapPending", 3, 0.0,
          frozenset({("GpuUnhealthy", 3), ("GpuRowRemapFailed", 7), ("GpuUnhealthy", 7)})),
+    # The errors at 55 s, seen at the next health read (nvml.health_interval, 10 s).
+    Case("alert-hardware-errors", "GpuNvlinkErrors", 1, 65.0,
+         frozenset({("GpuPcieErrors", 2), ("GpuEccUncorrectable", 3)})),
 ]
 IDLE_RULES = ("GpuHeldIdle", "GpuAllocatedUnused")
 
@@ -178,6 +181,19 @@ def test_xid_alert_resolves_after_window_plus_clear_for() -> None:
     states = [(at, t.state) for at, t in r.transitions]
     assert states == [(60.0, "firing"), (60 + rule.window_seconds + rule.clear_for_seconds, "resolved")]
     assert r.engine.transition_counts() == {("GpuXidError", "firing"): 1, ("GpuXidError", "resolved"): 1}
+
+
+def test_hardware_error_alerts_resolve_once_the_errors_leave_their_window() -> None:
+    with Run("alert-hardware-errors") as r:
+        r.until(55 + 600 + 15)
+    ends = {(t.name, t.gpu): at for at, t in r.transitions if t.state == "resolved"}
+    assert set(ends) == {("GpuNvlinkErrors", 1), ("GpuPcieErrors", 2), ("GpuEccUncorrectable", 3)}
+    fired = r.fired()
+    for key, end in ends.items():  # up for the 10m window after the errors were read
+        assert end - fired[key] == pytest.approx(600.0, abs=1.0), (key, fired[key], end)
+    nvlink = next(t for _, t in r.transitions if t.name == "GpuNvlinkErrors")
+    assert nvlink.values == {"recovery": 2.0}
+    assert nvlink.summary == "GPU 1 counted NVLink errors in the last 10m: 2 recovery errors"
 
 
 def test_healthy_node_raises_nothing_in_ten_minutes() -> None:

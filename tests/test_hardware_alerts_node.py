@@ -96,3 +96,16 @@ def test_the_snapshot_gives_each_mig_device_its_gpus_health() -> None:
     assert (mig["health"], mig["health_reasons"]) == ("replace", reasons)
     assert [(m["health"], m["health_reasons"]) for m in mig["mig_devices"]] == [("replace", reasons)] * 2
     assert Snapshot.from_json(document) == snapshot  # derived: dropped on the way back
+
+
+def test_a_gpu_lost_for_less_than_a_minute_leaves_gpu_unhealthy_pending_only() -> None:
+    """GpuUnhealthy judges a GPU that is down (lost): GPU 1 of ``gpu-lost`` is lost from 20 s to 40 s,
+    shorter than the rule's for of 1m, so its alert goes pending and then inactive; Xid 79 fires."""
+    with Run("gpu-lost") as run:
+        run.until(60)
+    unhealthy = [(at, t.state, t.values) for at, t in run.transitions if t.name == "GpuUnhealthy"]
+    assert [(state, values) for _, state, values in unhealthy] == [("pending", {"lost": 1.0}),
+                                                                  ("inactive", {"lost": 1.0})]
+    assert 20 <= unhealthy[0][0] <= 22 and 40 <= unhealthy[1][0] <= 42
+    assert {t.gpu for _, t in run.transitions} == {1}
+    assert ("GpuXidError", 1) in run.fired()
