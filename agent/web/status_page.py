@@ -10,7 +10,8 @@ the envelope of the driver's utilization samples, so that short dips to idle sho
 itself every REFRESH_SECONDS with a meta refresh. Every string that comes from outside the agent
 (process, user, pod and GPU names, alert summaries, capture errors) goes through ``html.escape``.
 A wide table scrolls sideways inside its own section rather than widening the page; in a window
-narrower than 800 px, each alert is a block with its summary on a line of its own, wrapped.
+narrower than 800 px, each alert, GPU and capture is a block whose cells wrap (status_style.py), so
+that none of their columns is scrolled out of view.
 
 A GPU in MIG mode is followed by one row per MIG device (its profile, GPU and compute instance ids,
 UUID, pods, busy share with its sparkline, SM activity, memory, processes and alerts); the processes on
