@@ -15,6 +15,7 @@ from gpuscope.alert_captures.verdicts import CaptureVerdicts
 from gpuscope.alerts.alertmanager import AlertmanagerNotifier, instance_label
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.eventlog import AlertEventLog
+from gpuscope.alerts.resolved import ResolvedAlerts
 from gpuscope.alerts.rules import build_rules
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.factory import Captures, build_captures
@@ -121,10 +122,12 @@ class Agent:
         self.capture_verdicts = CaptureVerdicts()  # what alert-triggered captures showed, for the alerts
         self.alerts: AlertEngine | None = None
         self.notifier: AlertmanagerNotifier | None = None
+        self.resolved_alerts = ResolvedAlerts()  # for the status page: what became of a capture's alert
         if alerting.enabled:
             self.alerts = AlertEngine(build_rules(alerting.rules), hostname=self.hostname, health=self.health,
                                       evaluation_interval_seconds=alerting.evaluation_interval)
             self.sampler.add_listener(self.alerts.on_snapshot)
+            self.alerts.add_listener(self.resolved_alerts)
             self.registry.register(AlertCollector(self.alerts))
             if alerting.event_log.path is not None:
                 self.event_log = AlertEventLog(alerting.event_log, health=self.health)
@@ -180,7 +183,7 @@ class Agent:
                                     webhook_auth=webhook_auth, processes=self.process_exposure,
                                     captures=self.captures.store if self.captures is not None else None,
                                     refusals=self.captures.service.refusals if self.captures else None,
-                                    history=self.utilization_history,
+                                    history=self.utilization_history, resolved=self.resolved_alerts,
                                     simulated=self.simulation.scenario.name if self.simulation else None)
         self.registry.register(WebCollector(self.http.rejections, self.web_config))
         self._stopped = False

@@ -193,6 +193,19 @@ class GpuReading:
             return "reset_required"
         return "ok"
 
+    @property
+    def health_reasons(self) -> tuple[str, ...]:
+        """Why ``health`` is not "ok", worst first; none when it is. A GPU in MIG mode has one health
+        for all its MIG devices: NVML reads it per physical GPU."""
+        if not self.up:
+            return ("the GPU cannot be read",)
+        reasons = []
+        if self.row_remap_failed:
+            reasons.append("a memory row could not be remapped")
+        if self.row_remap_pending:
+            reasons.append("a remapped memory row waits for a GPU reset")
+        return tuple(reasons)
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
@@ -210,10 +223,15 @@ class Snapshot:
     nvml_stuck_calls_total: int = 0  # NVML calls given up on since start (GPU reads, Xid checks)
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (frozensets become sorted lists, Xid keys become strings)."""
+        """A JSON-ready dict (frozensets become sorted lists, Xid keys become strings), with each GPU's
+        and MIG device's health (``health``, ``health_reasons``)."""
         data = asdict(self)
         for gpu, reading in zip(data["gpus"], self.gpus, strict=True):
-            gpu["health"] = reading.health
+            # Small on purpose: the state and why; each MIG device has its GPU's (NVML reads it per GPU).
+            health = {"health": reading.health, "health_reasons": list(reading.health_reasons)}
+            gpu.update(health)
+            for device in gpu["mig_devices"]:
+                device.update(health)
             for name in ("nvlink_link_bytes", "nvlink_link_errors_total"):
                 if gpu[name] is not None:
                     gpu[name] = {str(link): dict(v) for link, v in gpu[name].items()}
@@ -226,8 +244,9 @@ class Snapshot:
     def from_json(cls, data: object) -> Snapshot:
         """The Snapshot that ``to_json`` gave ``data`` (parsed JSON, e.g. an agent's /api/v1/snapshot):
         the dataclasses rebuilt, lists back to tuples and frozensets, string keys of Xid codes and NVLink
-        links back to ints; the derived ``health`` is dropped, as are keys this version does not know (a
-        newer agent's). SnapshotJsonError names the first field that does not fit."""
+        links back to ints; the derived ``health`` and ``health_reasons`` are dropped, as are keys this
+        version does not know (a newer agent's). SnapshotJsonError names the first field that does not
+        fit."""
         return _from_json(cls, data, "snapshot")
 
 

@@ -48,6 +48,13 @@ DOCUMENTED = {
     "GpuHeldIdle": ("warning", 600.0, 300.0, 60.0, {"threshold": 0.05, "hysteresis": 0.05,
                                                     "min_memory": 2**30}),
     "GpuAllocatedUnused": ("warning", 600.0, 300.0, 60.0, {}),
+    "GpuRowRemapPending": ("warning", None, 60.0, 0.0, {}),
+    "GpuRowRemapFailed": ("critical", None, 60.0, 0.0, {}),
+    # The counter rules judge their window from their own record (window_seconds None: no history).
+    "GpuNvlinkErrors": ("warning", None, 0.0, 0.0, {"window": 600.0, "crc_per_second": 100.0}),
+    "GpuPcieErrors": ("warning", None, 0.0, 0.0, {"window": 600.0, "replays_per_minute": 8.0}),
+    "GpuUnhealthy": ("warning", None, 60.0, 0.0, {}),
+    "GpuEccUncorrectable": ("critical", None, 0.0, 0.0, {"window": 600.0}),
 }
 
 

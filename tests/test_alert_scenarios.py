@@ -26,7 +26,7 @@ import pytest
 
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.model import Transition
-from gpuscope.alerts.rules import RulesConfig, build_rules
+from gpuscope.alerts.rules import HARDWARE_RULES, RulesConfig, build_rules
 from gpuscope.host.pods import PodAttribution
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml.boundary import Nvml
@@ -132,6 +132,12 @@ CASES = [
     # A GPU held by an idle process is also a job below 80 % to GpuLowUtilization.
     Case("alert-held-idle", "GpuHeldIdle", 1, window("GpuHeldIdle"), frozenset({("GpuLowUtilization", 1)})),
     Case("alert-allocated-unused", "GpuAllocatedUnused", 2, window("GpuAllocatedUnused")),
+    # GPU 3's row remap pending, GPU 7's failed: read from the start, each GPU unhealthy too.
+    Case("alert-row-remap", "GpuRowRemapPending", 3, 0.0,
+         frozenset({("GpuUnhealthy", 3), ("GpuRowRemapFailed", 7), ("GpuUnhealthy", 7)})),
+    # The errors at 55 s, seen at the next health read (nvml.health_interval, 10 s).
+    Case("alert-hardware-errors", "GpuNvlinkErrors", 1, 65.0,
+         frozenset({("GpuPcieErrors", 2), ("GpuEccUncorrectable", 3)})),
 ]
 IDLE_RULES = ("GpuHeldIdle", "GpuAllocatedUnused")
 
@@ -177,6 +183,19 @@ def test_xid_alert_resolves_after_window_plus_clear_for() -> None:
     assert r.engine.transition_counts() == {("GpuXidError", "firing"): 1, ("GpuXidError", "resolved"): 1}
 
 
+def test_hardware_error_alerts_resolve_once_the_errors_leave_their_window() -> None:
+    with Run("alert-hardware-errors") as r:
+        r.until(55 + 600 + 15)
+    ends = {(t.name, t.gpu): at for at, t in r.transitions if t.state == "resolved"}
+    assert set(ends) == {("GpuNvlinkErrors", 1), ("GpuPcieErrors", 2), ("GpuEccUncorrectable", 3)}
+    fired = r.fired()
+    for key, end in ends.items():  # up for the 10m window after the errors were read
+        assert end - fired[key] == pytest.approx(600.0, abs=1.0), (key, fired[key], end)
+    nvlink = next(t for _, t in r.transitions if t.name == "GpuNvlinkErrors")
+    assert nvlink.values == {"recovery": 2.0}
+    assert nvlink.summary == "GPU 1 counted NVLink errors in the last 10m: 2 recovery errors"
+
+
 def test_healthy_node_raises_nothing_in_ten_minutes() -> None:
     started = time.monotonic()
     with Run("healthy") as r:
@@ -189,11 +208,13 @@ def test_healthy_node_raises_nothing_in_ten_minutes() -> None:
 
 def test_the_demo_node_shows_every_rule() -> None:
     """The README's demo scenario is meant to show every pattern of a GPU at work: each rule fires
-    on it but those of a GPU held or allocated while idle (every demo GPU works)."""
+    on it but those of a GPU held or allocated while idle (every demo GPU works) and those of a GPU's
+    hardware (every demo GPU is sound)."""
     with Run("demo") as run:
         run.until(450.0)  # a 5-minute loop and a half: the lagging phase's window fills after 5m
     fired = {rule for rule, _gpu in run.fired()}
-    assert fired == set(RULES) - set(IDLE_RULES), sorted(set(RULES) - set(IDLE_RULES) - fired)
+    expected = set(RULES) - set(IDLE_RULES) - set(HARDWARE_RULES)
+    assert fired == expected, sorted(expected ^ fired)
     where: dict[str, set[int]] = {}
     for rule, gpu in run.fired():
         where.setdefault(rule, set()).add(gpu)

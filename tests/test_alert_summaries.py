@@ -23,9 +23,17 @@ from gpuscope.alerts.rules.utilization_skew import UtilizationSkewRule
 
 
 def summaries(rule: Rule[Any], seconds: int, **per_gpu: Any) -> tuple[str | None, str | None]:
-    """The rule's summary for its GPU after ``seconds`` of ``per_gpu``: (alert not active, active)."""
+    """The rule's summary for its GPU after ``seconds`` of ``per_gpu``: (alert not active, active).
+    A rule that keeps a record of counters of its own (the hardware error counters) is evaluated at
+    every tick, as the engine does, and starts from a fresh record."""
     h = history_for(rule)
-    feed(h, seconds, node(**per_gpu))
+    if hasattr(rule, "counted_seconds"):
+        rule = type(rule).configured()
+        for t in range(seconds):
+            feed(h, 1, node(**per_gpu), start=float(t))
+            rule.evaluate(h, frozenset())
+    else:
+        feed(h, seconds, node(**per_gpu))
     (gpu,) = [int(k[1:]) for k in per_gpu]
     fresh, active = rule.evaluate(h, frozenset()), rule.evaluate(h, frozenset({gpu}))
     return (fresh[gpu].summary if gpu in fresh else None), (active[gpu].summary if gpu in active else None)
@@ -98,6 +106,27 @@ CASES: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {
          "context on it for 10m"),
         None,  # no hysteresis: whether a process held a context is yes or no
     ),
+    # The hardware rules: a state, or a count over the window; no hysteresis.
+    "GpuRowRemapPending": (
+        (3, {"g1": {"row_remap_pending": True}},
+         "GPU 1 has a memory row remap pending: drain it and reset the GPU"), None),
+    "GpuRowRemapFailed": (
+        (3, {"g3": {"row_remap_failed": True}},
+         "GPU 3 could not remap a failing memory row: drain it and replace the GPU"), None),
+    "GpuUnhealthy": (
+        (3, {"g2": {"row_remap_pending": True}},
+         "GPU 2 is unhealthy (reset_required): drain the node, then reset the GPU"), None),
+    "GpuNvlinkErrors": (
+        (30, {"g2": {"nvlink_errors_total": lambda t: {"crc_flit": 0, "crc_data": 0, "recovery": 0,
+                                                      "replay": 1 if t > 10 else 0}}},
+         "GPU 2 counted NVLink errors in the last 10m: 1 replay error"), None),
+    "GpuPcieErrors": (
+        (30, {"g1": {"pcie_errors_total": lambda t: {"fatal": 2 if t > 10 else 0, "non_fatal": 0}}},
+         "GPU 1 counted PCIe errors in the last 10m: 2 fatal errors"), None),
+    "GpuEccUncorrectable": (
+        (30, {"g3": {"ecc_uncorrected_errors_total": lambda t: 1 if t > 10 else 0}},
+         "GPU 3 counted 1 uncorrectable ECC error in the last 10m: check for a row remap pending or failed"),
+        None),
 }
 DEFAULT = {rule.name: rule.configured() for rule in RULES}
 

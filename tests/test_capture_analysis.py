@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_analysis_diagnose import KinetoTrace, kernels, steps
@@ -21,7 +22,7 @@ from gpuscope.capture.model import CaptureRecord, CaptureTarget, TargetOutcome, 
 from gpuscope.capture.store import CaptureStore
 from gpuscope.cli.capture import _finding
 from gpuscope.exporters.captures import CaptureCollector
-from gpuscope.web.status_page import _finding as page_finding
+from gpuscope.web.status_captures import finding
 
 LIMITS = AnalysisLimits(max_trace_bytes=64 << 20, cpu_seconds=60, memory_bytes=2 << 30)
 
@@ -200,8 +201,15 @@ def test_captures_ls_and_the_status_page_show_the_verdict() -> None:
     assert _finding({"verdict": None, "skipped": "too large"}) == "skipped"
     assert _finding({"verdict": "host_sync"}) == "host_sync"
     assert page_finding({"verdict": "input_bound", "headline": "input_bound: <b>50%</b>"}) == (
-        '<span class="finding" title="input_bound: &lt;b&gt;50%&lt;/b&gt;">input_bound</span>')
+        '<span class="verdict moderate">input_bound</span><div class="small headline" title="input_bound: '
+        '&lt;b&gt;50%&lt;/b&gt;">input_bound: &lt;b&gt;50%&lt;/b&gt;</div>')
     assert "not analysed" in page_finding({"verdict": None, "skipped": "x"})
+
+
+def page_finding(analysis: dict[str, Any]) -> str:
+    """The status page's verdict cell of a user's capture with this analysis."""
+    return finding(CaptureRecord(id="c", trigger=Trigger("user", user="unix"), gpu=0, pids=(), targets=(),
+                                 start=0.0, duration_s=1.0, bytes=0, outcome="captured", analysis=analysis))
 
 
 def analysed_record(store: CaptureStore, trigger: Trigger) -> CaptureRecord:

@@ -407,6 +407,9 @@ def test_snapshot_table_lists_mig_devices_under_their_gpu_and_the_health_state()
     # JSON: the MIG devices and the health, as Snapshot.to_json gives them.
     data = json.loads(json.dumps(snapshot.to_json()))
     assert [g["health"] for g in data["gpus"]] == ["reset_required", "replace", "ok", "lost"]
+    assert [g["health_reasons"] for g in data["gpus"]] == [
+        ["a remapped memory row waits for a GPU reset"], ["a memory row could not be remapped"], [],
+        ["the GPU cannot be read"]]
     assert [m["uuid"] for m in data["gpus"][2]["mig_devices"]] == [mig_uuid(2, 0), mig_uuid(2, 1)]
 
 

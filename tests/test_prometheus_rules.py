@@ -8,6 +8,7 @@ durations equal to the agent's rule defaults, so a change on one side that forge
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,16 +17,17 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuscope.alerts.rules import RulesConfig
+from gpuscope.alerts.rules import HARDWARE_RULES, RulesConfig
 from gpuscope.common.durations import parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "gpuscope-rules.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "tests" / "gpuscope-rules.test.yml"
-AGENT_RULES = list(RulesConfig.model_fields)  # the agent's alert names
-OPERATIONAL = ["GpuscopeDown", "GpuscopeNvmlDown", "GpuLost"]
-# PromQL only: the hardware health alerts (docs/alerts.md, "Hardware health").
-HARDWARE = ["GpuRowRemapPending", "GpuRowRemapFailed", "GpuNvlinkErrors", "GpuPcieErrors", "GpuUnhealthy"]
+NODE_RULES = list(RulesConfig.model_fields)  # every alert name of the agent's own rules
+# The agent's rules on how a GPU is used (group gpuscope-waste) and on its hardware (gpuscope-hardware).
+AGENT_RULES = [name for name in NODE_RULES if name not in HARDWARE_RULES]
+HARDWARE = list(HARDWARE_RULES)
+OPERATIONAL = ["GpuscopeDown", "GpuscopeNvmlDown", "GpuLost"]  # PromQL only: about the agent and NVML
 
 
 def promtool() -> str:
@@ -64,12 +66,49 @@ def test_every_agent_rule_and_the_operational_and_hardware_alerts_are_there() ->
     assert list(alerting_rules()) == [*AGENT_RULES, *OPERATIONAL, *HARDWARE]
 
 
-@pytest.mark.parametrize("name", AGENT_RULES)
+def test_the_hardware_group_holds_the_agents_hardware_rules_in_order() -> None:
+    groups = {group["name"]: group for group in yaml.safe_load(RULES.read_text())["groups"]}
+    assert [rule["alert"] for rule in groups["gpuscope-hardware"]["rules"]] == HARDWARE
+
+
+@pytest.mark.parametrize("name", NODE_RULES)
 def test_severity_and_for_equal_the_agent_defaults(name: str) -> None:
     rule = alerting_rules()[name]
     defaults = getattr(RulesConfig(), name)
     assert rule["labels"]["severity"] == defaults.severity
     assert parse_duration(rule.get("for", "0s")) == defaults.for_
+    if name in HARDWARE:  # no label of its own but its severity, as the node's hardware alerts
+        assert set(rule["labels"]) == {"severity"}
+
+
+def numbers_after(expr: str, operator: str) -> list[float]:
+    """The constants an expression compares with ``operator`` ("> 80" -> 80.0), in order."""
+    return [float(x) for x in re.findall(rf"{re.escape(operator)}\s*([0-9.]+)", expr)]
+
+
+def ranges(expr: str) -> set[float]:
+    """The range selectors' lengths in seconds ("[10m]" -> 600.0)."""
+    return {parse_duration(x) for x in re.findall(r"\[([0-9]+[smh])\]", expr)}
+
+
+def test_hardware_thresholds_equal_the_agent_defaults() -> None:
+    """The thresholds the PromQL expressions state are those the agent's rules judge by default."""
+    rules, defaults = alerting_rules(), RulesConfig()
+    assert rules["GpuRowRemapPending"]["expr"].strip() == "gpu_row_remap_pending == 1"
+    assert rules["GpuRowRemapFailed"]["expr"].strip() == "gpu_row_remap_failed == 1"
+    assert rules["GpuUnhealthy"]["expr"].strip() == 'gpu_health{state!="ok"} == 1'
+    nvlink, pcie, ecc = (rules[name]["expr"]
+                         for name in ("GpuNvlinkErrors", "GpuPcieErrors", "GpuEccUncorrectable"))
+    nvlink_defaults = defaults.GpuNvlinkErrors  # type: ignore[attr-defined]
+    assert ranges(nvlink) == {nvlink_defaults.window}
+    assert numbers_after(nvlink, ">") == [0.0, nvlink_defaults.crc_per_second * nvlink_defaults.window]
+    assert 'type=~"recovery|replay"' in nvlink and 'type=~"crc_flit|crc_data"' in nvlink
+    pcie_defaults = defaults.GpuPcieErrors  # type: ignore[attr-defined]
+    assert ranges(pcie) == {pcie_defaults.window}
+    assert numbers_after(pcie, ">") == [0.0, pcie_defaults.replays_per_minute * pcie_defaults.window / 60]
+    assert 'type=~"fatal|non_fatal"' in pcie
+    assert ranges(ecc) == {defaults.GpuEccUncorrectable.window}  # type: ignore[attr-defined]
+    assert numbers_after(ecc, ">") == [0.0]
 
 
 def test_every_alert_has_a_severity_and_sentences_to_show() -> None:

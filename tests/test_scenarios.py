@@ -25,7 +25,8 @@ BUNDLED = {"demo": 4, "healthy": 4, "input-bound": 4, "shared-gpu": 4, "skew": 4
            "no-driver": 2, "mig": 2, "legacy": 2, "bench-8x4": 8,
            # One scenario per alert rule (tests/test_alert_scenarios.py), 4 GPUs each.
            **{f"alert-{rule}": 4 for rule in ("low-utilization", "shared", "idle-dips", "skew", "stalled",
-                                               "throttled", "xid", "held-idle", "allocated-unused")}}
+                                               "throttled", "xid", "held-idle", "allocated-unused")},
+           "alert-row-remap": 8, "alert-hardware-errors": 4}  # the hardware rules (an HGX node of 8)
 
 
 class ManualClock:

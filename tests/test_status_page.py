@@ -407,10 +407,13 @@ def test_a_mig_gpu_lists_its_mig_devices_with_their_pods_busy_share_and_alerts(t
     assert ">50%</span>" in device_a and "SM 62%" in device_a  # busy share (latest tick), GPM SM activity
     assert len(re.findall(r"<polyline", device_a)) == 1
     assert "21.0 GiB / 39.5 GiB" in device_a
-    assert '<td class="num">1</td>' in device_a  # the process on it
+    assert '<td class="num procs">1</td>' in device_a  # the process on it
+    # A MIG device shows its GPU's health (pending Xid: a warning, not yet critical).
+    assert '<td class="health"><span class="small muted"' in device_a and "as GPU 2:" in device_a
+    assert '<span class="badge health warning"' in device_a and '<span class="badge up warning"' in gpu2
     assert "GpuHeldIdle" not in device_a
     assert ">25%</span>" in device_b and "GpuHeldIdle" in device_b and "pod " not in device_b
-    assert '<td class="num">0</td>' in device_b
+    assert '<td class="num procs">0</td>' in device_b
     # The alerts table names the MIG device under the GPU; the process, its MIG device and its pod.
     assert "MIG 3g.40gb</span> " in page and ">GI 2 &middot; CI 0</span></div>" in page
     (process,) = re.findall(r'<tr class="process">(.*?)</tr>', page, re.S)[-1:]
@@ -425,13 +428,34 @@ def test_a_gpu_that_needs_a_reset_or_replacing_or_is_lost_says_so(tmp_path: Path
     with serving(tmp_path, snapshot=make_snapshot(gpus=gpus, timestamp=time.time())) as served:
         page = served.page()
     rows = dict(re.findall(r'<tr class="gpu" id="gpu-(\d)">(.*?)</tr>', page, re.S))
-    assert 'class="badge health' not in rows["0"]
+    assert '<th>Health</th>' in page
+    assert '<span class="badge up">up</span>' in rows["0"] and ">ok</span>" in rows["0"]
     assert ('<span class="badge health reset_required" title="a remapped memory row waits for a GPU '
             'reset: drain the GPU, then reset it">reset required</span>') in rows["1"]
     assert ('<span class="badge health replace" title="a memory row could not be remapped: drain the GPU '
             'and replace it">replace</span>') in rows["2"]
-    assert '<span class="badge down">down</span> <span class="badge health lost"' in rows["3"]
-    assert ">lost</span>" in rows["3"]
+    assert '<td class="state"><span class="badge down">down</span></td>' in rows["3"]
+    assert '<span class="badge health lost"' in rows["3"] and ">lost</span>" in rows["3"]
+    # Only a GPU whose health is ok has a green "up": amber for a reset, red for a replacement.
+    assert '<span class="badge up warning"' in rows["1"] and '<span class="badge up critical"' in rows["2"]
+    assert '<span class="badge up">' not in rows["1"] + rows["2"]
+
+
+def test_a_critical_hardware_alert_turns_a_gpu_red_and_names_itself(tmp_path: Path) -> None:
+    """The Xid beside a green "up": a firing critical Xid (or hardware) alert makes the GPU's health
+    critical, whatever its readings say; a usage alert does not touch its health."""
+    with serving(tmp_path, snapshot=make_snapshot(gpus=[make_gpu(i) for i in range(3)],
+                                                  timestamp=time.time())) as served:
+        xid = replace(make_alert("GpuXidError", 1, "firing", "GPU 1 reported Xid 79"), severity="critical")
+        nvlink = make_alert("GpuNvlinkErrors", 2, "firing", "GPU 2 counted NVLink errors")
+        served.alerts.current = [xid, nvlink, make_alert("GpuLowUtilization", 0, "firing", "GPU 0 low")]
+        page = served.page()
+    rows = dict(re.findall(r'<tr class="gpu" id="gpu-(\d)">(.*?)</tr>', page, re.S))
+    assert '<span class="badge up">up</span>' in rows["0"] and ">ok</span>" in rows["0"]
+    assert '<span class="badge up critical"' in rows["1"]
+    assert '<span class="badge health critical"' in rows["1"]
+    assert '<span title="GPU 1 reported Xid 79">GpuXidError</span>' in rows["1"]
+    assert '<span class="badge up warning"' in rows["2"] and '<span class="badge health warning"' in rows["2"]
 
 
 # -- protection and downloads ---------------------------------------------------------------------------
@@ -665,7 +689,11 @@ def test_an_alert_shows_what_its_capture_found_or_that_it_saw_other_minutes(tmp_
         served.alerts.current = [low]
         healthy = analysed(served.captures(), "healthy")
         page = served.page()
-        assert f"its capture {healthy.id} saw other minutes (healthy) and does not explain it" in page
+        # The capture's id links to its row in the captures table, which holds its explanation.
+        link = f'<a href="#capture-{healthy.id}">{healthy.id}</a>'
+        assert f"its capture {link} saw other minutes (healthy) and does not explain it" in page
+        assert f'<tr class="capture" id="capture-{healthy.id}">' in page
+        assert '<div class="small headline" title="healthy: 40% waits">healthy: 40% waits</div>' in page
         found = analysed(served.captures(), "input_bound")
         page = served.page()
-    assert f"its capture {found.id}: <b>input_bound</b>" in page
+    assert f'its capture <a href="#capture-{found.id}">{found.id}</a>: <b>input_bound</b>' in page

@@ -278,7 +278,7 @@ class FakeNvmlLib(HardwareApi):
         if not gpu.spec.ecc.supported:
             return NOT_SUPPORTED
         uncorrected = value_of(error_type) == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-        count._obj.value = gpu.spec.ecc.uncorrected_volatile if uncorrected else gpu.spec.health.ecc_corrected
+        count._obj.value = gpu.hardware.ecc_uncorrected(t) if uncorrected else gpu.spec.health.ecc_corrected
         return OK
 
     # ---------------------------------------------------------------- processes

@@ -73,7 +73,7 @@ class HardwareApi(AsyncApi):
 
     @device_api
     def nvmlDeviceGetPcieReplayCounter(self, gpu: GpuModel, t: float, value: Any) -> int:
-        value._obj.value = gpu.spec.health.pcie_replays
+        value._obj.value = gpu.hardware.pcie_replays(t)
         return OK
 
     @device_api
@@ -95,9 +95,9 @@ class HardwareApi(AsyncApi):
         if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP:
             return round(gpu.temperature_c(t) + h.memory_temperature_offset_c)
         if field_id == pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER:
-            return h.pcie_replays
+            return hardware.pcie_replays(t)
         if field_id in _PCIE_ERROR_FIELDS:
-            return h.pcie_errors.get(_PCIE_ERROR_FIELDS[field_id], 0)
+            return hardware.pcie_errors(_PCIE_ERROR_FIELDS[field_id], t)
         remapped = {pynvml.NVML_FI_DEV_REMAPPED_COR: h.remapped_rows_correctable,
                     pynvml.NVML_FI_DEV_REMAPPED_UNC: h.remapped_rows_uncorrectable,
                     pynvml.NVML_FI_DEV_REMAPPED_PENDING: int(h.row_remap_pending),
@@ -109,7 +109,7 @@ class HardwareApi(AsyncApi):
         if field_id == pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT:
             return links
         if field_id in _NVLINK_ERROR_FIELDS:
-            return hardware.nvlink_errors(None).get(_NVLINK_ERROR_FIELDS[field_id], 0)
+            return hardware.nvlink_errors(None, t).get(_NVLINK_ERROR_FIELDS[field_id], 0)
         if field_id in _NVLINK_DATA_FIELDS:
             if scope != ALL_LINKS and scope >= links:
                 return None
@@ -139,7 +139,7 @@ class HardwareApi(AsyncApi):
         kind = _NVLINK_COUNTERS.get(value_of(counter))
         if not 0 <= value_of(link) < links or kind is None:
             return INVALID_ARGUMENT
-        value._obj.value = gpu.hardware.nvlink_errors(value_of(link)).get(kind, 0)
+        value._obj.value = gpu.hardware.nvlink_errors(value_of(link), t).get(kind, 0)
         return OK
 
     # ---------------------------------------------------------------- MIG

@@ -72,11 +72,29 @@ class HardwareModel:
         return (math.floor(self._nvlink_tx.at(t) * share / 1024),
                 math.floor(self._nvlink_rx.at(t) * share / 1024))
 
-    def nvlink_errors(self, link: int | None) -> dict[str, int]:
+    def nvlink_errors(self, link: int | None, t: float) -> dict[str, int]:
         nvlink = self._gpu.spec.nvlink
         if link is not None and link != nvlink.errors_link:
             return {}
-        return dict(nvlink.errors)
+        counts = dict(nvlink.errors)
+        for burst in self._gpu.spec.errors:
+            if burst.at <= t:
+                for kind, n in burst.nvlink.items():
+                    counts[kind] = counts.get(kind, 0) + n
+        return counts
+
+    def pcie_errors(self, kind: str, t: float) -> int:
+        """The PCIe error counter of ``kind`` at ``t``: the health spec's, plus the errors since."""
+        return self._gpu.spec.health.pcie_errors.get(kind, 0) + sum(
+            burst.pcie.get(kind, 0) for burst in self._gpu.spec.errors if burst.at <= t)
+
+    def pcie_replays(self, t: float) -> int:
+        return self._gpu.spec.health.pcie_replays + sum(
+            burst.pcie_replays for burst in self._gpu.spec.errors if burst.at <= t)
+
+    def ecc_uncorrected(self, t: float) -> int:
+        return self._gpu.spec.ecc.uncorrected_volatile + sum(
+            burst.ecc_uncorrected for burst in self._gpu.spec.errors if burst.at <= t)
 
     # ---------------------------------------------------------------- MIG
 

@@ -183,6 +183,25 @@ class XidSpec(_Model):
     code: int = Field(gt=0)
 
 
+class ErrorsSpec(_Model):
+    """Hardware errors the GPU counts from ``at`` on: added to its counters (the health spec's and the
+    NVLink spec's, on its ``errors_link``), as a fault would raise them."""
+
+    at: Duration
+    nvlink: dict[str, int] = {}  # NVLink error type -> count
+    pcie: dict[str, int] = {}  # PCIe error type -> count
+    pcie_replays: int = Field(0, ge=0)
+    ecc_uncorrected: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _types(self) -> ErrorsSpec:
+        if any(k not in NVLINK_ERROR_TYPES for k in self.nvlink) or any(v < 0 for v in self.nvlink.values()):
+            raise ValueError(f"nvlink: types are {', '.join(NVLINK_ERROR_TYPES)}, counts >= 0")
+        if any(k not in PCIE_ERROR_TYPES for k in self.pcie) or any(v < 0 for v in self.pcie.values()):
+            raise ValueError(f"pcie: types are {', '.join(PCIE_ERROR_TYPES)}, counts >= 0")
+        return self
+
+
 class FailureSpec(Window):
     from_: Duration = Field(0.0, alias="from")
     function: str
@@ -307,6 +326,7 @@ class GpuSpec(_Model):
     phases: list[PhaseSpec] = []
     lost: list[Window] = []
     xid: list[XidSpec] = []
+    errors: list[ErrorsSpec] = []  # hardware errors counted from a moment on
     failures: list[FailureSpec] = []
     processes: list[ProcessSpec] = []
     # Served by a simulated kubelet pod-resources socket (several: a time-sliced GPU).

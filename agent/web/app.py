@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from gpuscope.alerts.model import AlertSource
+from gpuscope.alerts.resolved import ResolvedAlerts
 from gpuscope.capture.refusals import RefusalLog
 from gpuscope.capture.store import CaptureIdError, CaptureNotFoundError, CaptureStore, CaptureStoreError
 from gpuscope.documents import (
@@ -106,15 +107,16 @@ class AgentApp:
                  captures: CaptureStore | None = None, history: UtilizationHistory | None = None,
                  simulated: str | None = None, security: Callable[[], WebSecurity] | None = None,
                  wall_clock: Callable[[], float] = time.time, refusals: RefusalLog | None = None,
-                 per_tick: Collector | None = None):
+                 per_tick: Collector | None = None, resolved: ResolvedAlerts | None = None):
         """``per_tick``: the collector whose families are a function of ``source``'s latest snapshot and
         its staleness (SnapshotCollector), served before ``registry``'s from one render per tick and
         format; ``registry``: the families rendered on every request.
         ``processes``: the ``processes`` settings, which decide what the documents say of GPU
         processes (gpuscope.documents). ``captures``: the capture store (None: captures are off).
-        ``refusals``: the capture triggers the capture service refused lately. ``history``: the
-        utilization ring a sampler listener feeds, for the status page's sparklines. ``simulated``: the
-        scenario's name on a simulated node. ``security``: the web configuration in force (capture downloads
+        ``refusals``: the capture triggers the capture service refused lately. ``resolved``: the alerts
+        resolved lately, for the status page's captures. ``history``: the utilization ring a sampler
+        listener feeds, for the status page's sparklines. ``simulated``: the scenario's name on a
+        simulated node. ``security``: the web configuration in force (capture downloads
         need one that authenticates every client). ``wall_clock``: Unix time, for the ages the page shows."""
         if webhook is not None and webhook_auth is None:
             raise ValueError("the webhook needs its credentials (webhook_auth)")
@@ -122,6 +124,7 @@ class AgentApp:
         self._processes = processes
         self._captures = captures
         self._refusals = refusals
+        self._resolved = resolved  # the alerts resolved lately, for the status page's captures
         self._history = history
         self._simulated = simulated
         self._security = security
@@ -237,6 +240,7 @@ class AgentApp:
             alerts=None if self._alerts is None else self._alerts.alerts(),
             captures=None if self._captures is None else self._captures.list(),
             refusals=() if self._refusals is None else self._refusals.recent(),
+            resolved=() if self._resolved is None else self._resolved.recent(),
             history=self._history.series if self._history is not None else _no_history,
             version=__version__, now=self._wall_clock(), simulated=self._simulated,
             include_processes=self._processes.export, include_users=self._processes.user,

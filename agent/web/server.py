@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpuscope.alerts.model import AlertSource
+from gpuscope.alerts.resolved import ResolvedAlerts
 from gpuscope.capture.refusals import RefusalLog
 from gpuscope.capture.store import CaptureStore
 from gpuscope.common.addresses import parse_host_port
@@ -245,6 +246,7 @@ class AgentHttpServer:
         refusals: RefusalLog | None = None,
         history: UtilizationHistory | None = None,
         simulated: str | None = None,
+        resolved: ResolvedAlerts | None = None,
     ) -> None:
         self._max_requests = max_requests
         self._address = listen_address
@@ -256,7 +258,7 @@ class AgentHttpServer:
                        expected_gpus=expected_gpus, health=health, rejections=self.rejections,
                        processes=processes,
                        captures=captures, refusals=refusals, history=history, simulated=simulated,
-                       security=self.web_config.current, per_tick=per_tick)
+                       security=self.web_config.current, per_tick=per_tick, resolved=resolved)
         webhook_on = webhook is not None  # it checks its own credentials
         self._app = AccessControl(app, self.web_config.current, rejections=self.rejections,
                                   skip_auth=lambda path: webhook_on and path == WEBHOOK_PATH)

@@ -10,47 +10,51 @@ the envelope of the driver's utilization samples, so that short dips to idle sho
 itself every REFRESH_SECONDS with a meta refresh. Every string that comes from outside the agent
 (process, user, pod and GPU names, alert summaries, capture errors) goes through ``html.escape``.
 A wide table scrolls sideways inside its own section rather than widening the page; in a window
-narrower than 800 px, each alert is a block with its summary on a line of its own, wrapped.
+narrower than 800 px, each alert, GPU and capture is a block whose cells wrap (status_style.py), so
+that none of their columns is scrolled out of view.
 
 A GPU in MIG mode is followed by one row per MIG device (its profile, GPU and compute instance ids,
 UUID, pods, busy share with its sparkline, SM activity, memory, processes and alerts); the processes on
-a MIG device are listed with that device and its pods. A GPU whose health is not "ok" says so with a
-badge next to its state ("reset required", "replace", "lost").
+a MIG device are listed with that device and its pods. Each GPU and MIG device has a health badge
+(status_health.py: its readings' state, "reset required", "replace", "lost", and its hardware alerts);
+a GPU whose health is not ok has an amber or red "up", never a green one. The captures are
+status_captures.py's.
 """
 
 from __future__ import annotations
 
-import html
 import math
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gpuscope.alerts.capture_verdicts import CAPTURE_EARLY_SECONDS
-from gpuscope.alerts.model import Alert
+from gpuscope.alerts.model import Alert, Transition
 from gpuscope.capture.alert_context import alert_context
-from gpuscope.capture.model import CaptureRecord, Trigger
+from gpuscope.capture.model import CaptureRecord
 from gpuscope.capture.refusals import RefusedTrigger
 from gpuscope.common.sizes import format_size
 from gpuscope.documents import CAPTURES_PATH
 from gpuscope.snapshot import GpuReading, MigReading, PodContainer, ProcessReading, Snapshot
 from gpuscope.web.sparkline import sparkline
+from gpuscope.web.status_captures import (
+    RECENT_CAPTURES,
+    capture_anchor,
+    captures_section,
+    shown_captures,
+)
+from gpuscope.web.status_format import NONE as _NONE
+from gpuscope.web.status_format import clock as _clock
+from gpuscope.web.status_format import duration as _duration
+from gpuscope.web.status_format import escape as _e
+from gpuscope.web.status_format import section as _section
+from gpuscope.web.status_format import table as _table
+from gpuscope.web.status_health import GpuHealth, gpu_health, health_cell, state_badge
 from gpuscope.web.status_style import STATUS_PAGE_CSS
 from gpuscope.web.utilization_history import DEFAULT_POINTS, UtilizationSeries
 
+__all__ = ["RECENT_CAPTURES", "REFRESH_SECONDS", "StatusView", "render_status_page"]
+
 REFRESH_SECONDS = 5
-RECENT_CAPTURES = 10  # rows of the captures table
-RECENT_REFUSALS = 10  # rows of the refused triggers' table, under it
-_MAX_ERROR_CHARS = 160  # a capture's error on the page (the JSON listing has it whole)
-_NONE = '<span class="muted">&mdash;</span>'
-# A GPU's health other than "ok": its badge's text, and what it means for the operator (its tooltip).
-_HEALTH: dict[str, tuple[str, str]] = {
-    "reset_required": ("reset required", "a remapped memory row waits for a GPU reset: drain the GPU, then "
-                                         "reset it"),
-    "replace": ("replace", "a memory row could not be remapped: drain the GPU and replace it"),
-    "lost": ("lost", "the GPU cannot be read"),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,7 @@ class StatusView:
     downloads: bool = False  # whether capture downloads are served to this page's reader
     history_points: int = DEFAULT_POINTS
     refusals: Sequence[RefusedTrigger] = ()  # capture triggers refused lately, newest first
+    resolved: Sequence[Transition] = ()  # alerts resolved lately, newest first (alerts/resolved.py)
 
 
 def render_status_page(view: StatusView) -> bytes:
@@ -91,7 +96,9 @@ def render_status_page(view: StatusView) -> bytes:
                      "finished. This page reloads on its own.</p></section>\n")
     else:
         parts += [_alerts_section(view), _gpus_section(view, snapshot), _processes_section(view, snapshot)]
-    parts += [_captures_section(view), "</main>\n", _footer(view), "</body>\n</html>\n"]
+    parts += [captures_section(view.captures, view.refusals, downloads=view.downloads, now=view.now,
+                               alerts=view.alerts, resolved=view.resolved),
+              "</main>\n", _footer(view), "</body>\n</html>\n"]
     return "".join(parts).encode()
 
 
@@ -167,18 +174,22 @@ def _shown_state(alert: Alert) -> str:
 
 def _alert_capture(alert: Alert, captures: Sequence[CaptureRecord] | None) -> str:
     """What the latest analysed capture this alert triggered found, under its summary: the verdict
-    where it accounts for the alert, and that it saw other minutes where it does not."""
+    where it accounts for the alert, and that it saw other minutes where it does not. Its id links to
+    its row in the captures table, with the explanation, where the table lists it."""
+    listed = {record.id for record in shown_captures(captures)}
     for record in captures or ():  # newest first
         if (record.trigger.kind == "alert" and record.trigger.alertname == alert.name
                 and record.gpu == alert.gpu and record.start >= alert.active_since - CAPTURE_EARLY_SECONDS
                 and record.analysis and record.analysis.get("verdict")):
             context = alert_context(record.to_json())
             verdict = _e(str(record.analysis["verdict"]))
+            named = (f'<a href="#{capture_anchor(record.id)}">{_e(record.id)}</a>' if record.id in listed
+                     else _e(record.id))
             if context is not None and context.accounts is False:
-                return (f'<div class="small muted" title="{_e(context.text)}">its capture {_e(record.id)} '
+                return (f'<div class="small muted" title="{_e(context.text)}">its capture {named} '
                         f"saw other minutes ({verdict}) and does not explain it</div>")
             return (f'<div class="small" title="{_e(str(record.analysis.get("headline") or ""))}">its '
-                    f"capture {_e(record.id)}: <b>{verdict}</b></div>")
+                    f"capture {named}: <b>{verdict}</b></div>")
     return ""
 
 
@@ -204,31 +215,35 @@ def _gpus_section(view: StatusView, snapshot: Snapshot) -> str:
     rows = []
     for gpu in snapshot.gpus:
         series = view.history(gpu.index, gpu.uuid)
-        state = '<span class="badge up">up</span>' if gpu.up else '<span class="badge down">down</span>'
-        state += _health_badge(gpu.health)
-        badges = _alert_badges(alerts_by_gpu.get(gpu.index, ()))
+        on_gpu = alerts_by_gpu.get(gpu.index, ())
+        health = gpu_health(gpu, on_gpu)
+        state = state_badge(gpu, health)
+        badges = _alert_badges(on_gpu)
         if gpu.up:
-            cells = (f'<td><div class="util"><span class="num">{_percent(gpu.utilization_ratio)}</span>'
-                     f"{sparkline(series, view.history_points)}</div></td>"
-                     f'<td class="num">{_memory(gpu)}</td><td class="num">{_power(gpu)}</td>'
-                     f'<td class="num">{_temperature(gpu.temperature_celsius)}</td>'
-                     f'<td class="num">{len(gpu.processes)}</td>')
+            cells = (f'<td class="busy"><div class="util"><span class="num">{_percent(gpu.utilization_ratio)}'
+                     f"</span>{sparkline(series, view.history_points)}</div></td>"
+                     f'<td class="num mem">{_memory(gpu)}</td><td class="num power">{_power(gpu)}</td>'
+                     f'<td class="num temp">{_temperature(gpu.temperature_celsius)}</td>'
+                     f'<td class="num procs">{len(gpu.processes)}</td>')
         else:
             cells = '<td colspan="5" class="muted">not readable this tick</td>'
         mig = ' <span class="muted">(MIG)</span>' if gpu.mig_enabled else ""
         name = f'<span title="{_e(gpu.uuid)} at PCI {_e(gpu.pci_bus_id)}">{_e(gpu.name)}</span>{mig}'
-        rows.append(f'<tr class="gpu" id="gpu-{gpu.index}"><td class="num"><b>{gpu.index}</b></td>'
-                    f'<td class="nowrap">{name}</td><td>{state}</td>{cells}<td>{badges or _NONE}</td></tr>')
+        rows.append(f'<tr class="gpu" id="gpu-{gpu.index}">'
+                    f'<td class="num index"><b>{gpu.index}</b></td><td class="name">{name}</td>'
+                    f'<td class="state">{state}</td><td class="health">{health_cell(health)}</td>{cells}'
+                    f'<td class="alerts">{badges or _NONE}</td></tr>')
         if gpu.up:
-            rows += [_mig_row(view, gpu, device, alerts_by_device.get(device.uuid, ()))
+            rows += [_mig_row(view, gpu, device, alerts_by_device.get(device.uuid, ()), health)
                      for device in gpu.mig_devices]
     span = _history_span(view, snapshot)
-    headings = ("GPU", "Name", "State", f"Utilization, {span}", "Memory used / total",
+    headings = ("GPU", "Name", "State", "Health", f"Utilization, {span}", "Memory used / total",
                 "Power / limit", "Temp.", "Proc.", "Alerts")
     return _section("GPUs", _table(headings, rows), "gpus")
 
 
-def _mig_row(view: StatusView, gpu: GpuReading, device: MigReading, alerts: Iterable[Alert]) -> str:
+def _mig_row(view: StatusView, gpu: GpuReading, device: MigReading, alerts: Iterable[Alert],
+             health: GpuHealth) -> str:
     """One MIG device of ``gpu``, in the GPUs table under its GPU: profile and ids (its UUID as a
     tooltip) and the pods allocated it; its busy share (the latest tick's, and the sparkline) and SM
     activity (GPM); memory; its processes; its alerts."""
@@ -246,10 +261,11 @@ def _mig_row(view: StatusView, gpu: GpuReading, device: MigReading, alerts: Iter
     on_it = sum(1 for p in gpu.processes if _on_device(p, device))
     badges = _alert_badges(alerts)
     return (f'<tr class="mig" id="gpu-{gpu.index}-mig-{device.gpu_instance}-{device.compute_instance}">'
-            f'<td></td><td class="nowrap">{name}</td><td></td><td>{busy}</td>'
-            f'<td class="num">{_used_of(device.memory_used_bytes, device.memory_total_bytes)}</td>'
-            f'<td class="num">{_NONE}</td><td class="num">{_NONE}</td><td class="num">{on_it}</td>'
-            f"<td>{badges or _NONE}</td></tr>")
+            f'<td class="index"></td><td class="name">{name}</td><td class="state"></td>'
+            f'<td class="health">{health_cell(health, of_gpu=gpu.index)}</td><td class="busy">{busy}</td>'
+            f'<td class="num mem">{_used_of(device.memory_used_bytes, device.memory_total_bytes)}</td>'
+            f'<td class="num power">{_NONE}</td><td class="num temp">{_NONE}</td>'
+            f'<td class="num procs">{on_it}</td><td class="alerts">{badges or _NONE}</td></tr>')
 
 
 def _pods_text(pods: Iterable[PodContainer]) -> str:
@@ -283,13 +299,6 @@ def _instance_ids(gpu_instance: int | str, compute_instance: int | str) -> str:
     gi, ci = _e(str(gpu_instance)), _e(str(compute_instance))
     return (f'<span class="muted small nowrap" title="GPU instance {gi}, compute instance {ci}">'
             f"GI {gi} &middot; CI {ci}</span>")
-
-
-def _health_badge(health: str) -> str:
-    if health not in _HEALTH:
-        return ""
-    text, meaning = _HEALTH[health]
-    return f' <span class="badge health {health}" title="{_e(meaning)}">{text}</span>'
 
 
 def _processes_section(view: StatusView, snapshot: Snapshot) -> str:
@@ -375,86 +384,6 @@ def _pod_cells(pods: tuple[PodContainer, ...]) -> tuple[str, str, str]:
     return _e(names[0]), namespace, container
 
 
-def _captures_section(view: StatusView) -> str:
-    if view.captures is None:
-        return _section("Recent captures", '<p class="note muted">Captures are off on this agent '
-                                           "(<code>capture.enabled</code>).</p>")
-    listing = f'<a href="{CAPTURES_PATH}">all as JSON</a>'
-    if not view.captures:
-        return _section("Recent captures", f'<p class="note muted">No capture is stored. ({listing})</p>'
-                        + _refusals_table(view), "captures")
-    rows = []
-    for record in view.captures[:RECENT_CAPTURES]:
-        capture_id = _e(record.id)
-        if view.downloads:
-            capture_id = (f'<a href="{CAPTURES_PATH}/{capture_id}" download="{capture_id}.tar">'
-                          f"{capture_id}</a>")
-        error = ""
-        if record.error:
-            clipped = record.error[:_MAX_ERROR_CHARS] + ("…" if len(record.error) > _MAX_ERROR_CHARS else "")
-            error = f'<div class="muted small">{_e(clipped)}</div>'
-        rows.append(
-            f'<tr class="capture"><td class="mono nowrap">{capture_id}</td>'
-            f'<td class="num">{_NONE if record.gpu is None else record.gpu}</td>'
-            f'<td class="nowrap">{_trigger(record)}</td>'
-            f'<td><span class="outcome {_e(record.outcome)}">{_e(record.outcome)}</span>{error}</td>'
-            f'<td class="nowrap">{_clock(record.start)}</td>'
-            f'<td class="num">{_duration(record.duration_s)}</td>'
-            f'<td class="num">{format_size(record.bytes)}</td>'
-            f"<td>{_finding(record.analysis)}</td></tr>")
-    note = "" if view.downloads else (
-        '<p class="note muted small">Downloads over HTTP need authentication (<code>basic_auth_users</code> '
-        "or required client certificates in the web configuration file); "
-        "<code>gpuscope captures get ID</code> fetches a capture over the control API.</p>")
-    shown = min(len(view.captures), RECENT_CAPTURES)
-    title = f"Recent captures (newest {shown} of {len(view.captures)}; {listing})"
-    headings = ("ID", "GPU", "Trigger", "Outcome", "Started", "Length", "Size", "Finding")
-    return _section(title, _table(headings, rows) + note + _refusals_table(view), "captures")
-
-
-def _refusals_table(view: StatusView) -> str:
-    """The capture triggers refused lately: when, the GPU, the trigger, the reason (the agent's message
-    under it) and when a trigger like it is allowed again. Nothing when none was refused."""
-    if not view.refusals:
-        return ""
-    rows = []
-    for refused in view.refusals[:RECENT_REFUSALS]:
-        message = refused.message
-        if len(message) > _MAX_ERROR_CHARS:
-            message = message[:_MAX_ERROR_CHARS] + "…"
-        rows.append(
-            f'<tr class="refusal"><td class="nowrap">{_clock(refused.at)}</td>'
-            f'<td class="num">{_NONE if refused.gpu is None else refused.gpu}</td>'
-            f'<td class="nowrap">{_trigger_text(refused.trigger)}</td>'
-            f'<td><span class="outcome refused">{_e(refused.reason)}</span>'
-            f'<div class="muted small">{_e(message)}</div></td>'
-            f'<td class="nowrap">{_next_allowed(refused, view.now)}</td></tr>')
-    shown = min(len(view.refusals), RECENT_REFUSALS)
-    title = (f'<h3 class="refusals">Refused triggers (newest {shown} of {len(view.refusals)} kept; '
-             f'<a href="{CAPTURES_PATH}?include_refused=1">all as JSON</a>)</h3>\n')
-    return title + _table(("Refused", "GPU", "Trigger", "Reason", "Next allowed"), rows)
-
-
-def _next_allowed(refused: RefusedTrigger, now: float) -> str:
-    """When a trigger like the refused one may capture: "next alert capture allowed in 12 min 5 s"."""
-    wait = refused.allowed_in(now)
-    if wait is None:
-        return _NONE
-    what = "alert capture" if refused.trigger.kind in ("alert", "webhook") else "capture"
-    return f"next {what} allowed now" if wait == 0 else f"next {what} allowed in {_duration(wait)}"
-
-
-def _finding(analysis: dict[str, Any] | None) -> str:
-    """The capture's top finding with its headline as a tooltip; why it was not analysed, muted."""
-    if analysis is None:
-        return _NONE
-    verdict = analysis.get("verdict")
-    if not verdict:
-        return f'<span class="muted" title="{_e(str(analysis.get("skipped") or ""))}">not analysed</span>'
-    headline = _e(str(analysis.get("headline") or verdict))
-    return f'<span class="finding" title="{headline}">{_e(str(verdict))}</span>'
-
-
 def _footer(view: StatusView) -> str:
     links = (("/metrics", "metrics"), ("/api/v1/snapshot", "snapshot (JSON)"),
              ("/api/v1/alerts", "alerts (JSON)"), (CAPTURES_PATH, "captures (JSON)"),
@@ -467,28 +396,9 @@ def _footer(view: StatusView) -> str:
 # -- pieces --------------------------------------------------------------------------------------------
 
 
-def _section(title: str, body: str, anchor: str = "") -> str:
-    ident = f' id="{anchor}"' if anchor else ""
-    return f"<section{ident}><h2>{title}</h2>\n{body}\n</section>\n"
-
-
-def _table(headings: Iterable[str], rows: Iterable[str]) -> str:
-    head = "".join(f"<th>{h}</th>" for h in headings)
-    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>"
-
-
 def _history_span(view: StatusView, snapshot: Snapshot) -> str:
     """How much time the sparklines cover when full, e.g. "last 60 s"."""
     return f"last {_duration(view.history_points * snapshot.interval_seconds)}"
-
-
-def _trigger(record: CaptureRecord) -> str:
-    return _trigger_text(record.trigger)
-
-
-def _trigger_text(trigger: Trigger) -> str:
-    detail = trigger.alertname or trigger.user
-    return _e(trigger.kind) + (f' <span class="muted">{_e(detail)}</span>' if detail else "")
 
 
 def _memory(gpu: GpuReading) -> str:
@@ -523,26 +433,3 @@ def _percent(ratio: float | None) -> str:
 
 def _bytes(size: int | None) -> str:
     return _NONE if size is None else format_size(size)
-
-
-def _duration(seconds: float) -> str:
-    """A short human duration: 400 ms, 12 s, 3 min 5 s, 2 h 10 min."""
-    if not math.isfinite(seconds):
-        return "?"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.0f} s" if seconds >= 10 or seconds == int(seconds) else f"{seconds:.1f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-
-
-def _clock(timestamp: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(timestamp)) if math.isfinite(timestamp) else "?"
-
-
-def _e(text: str) -> str:
-    return html.escape(text, quote=True)

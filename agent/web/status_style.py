@@ -1,8 +1,13 @@
 """The status page's stylesheet, inline in the page (its Content-Security-Policy allows no other).
 
-Below 800 px the alerts table turns each alert into a block (its badges on one line, its summary
-wrapped under them), and wide tables scroll inside their own section, so the page never scrolls
+Below 800 px the alerts, GPUs and captures tables turn each row into a block whose cells wrap (an
+alert's summary and a capture's verdict on lines of their own, a GPU's figures named), so that every
+column stays in view; other wide tables scroll inside their own section, and the page never scrolls
 sideways.
+
+Colours say one thing each: green is well (a GPU up with its health ok, a healthy verdict), amber a
+warning (a health warning, a finding of moderate severity), red a failure (a GPU down, a critical
+health problem, a finding of high severity), grey no claim (an inconclusive or unreadable verdict).
 """
 
 STATUS_PAGE_CSS = """
@@ -38,8 +43,23 @@ tr.alert.inhibited td{color:#6b7280}
 .inhibited-by{font-style:italic}
 .badge.pending{background:#fcd34d;color:#422006}
 .badge.up{background:#16a34a;color:#fff}
-.badge.health.reset_required{background:#f59e0b;color:#422006}
-.badge.health.replace,.badge.health.lost{background:#7f1d1d;color:#fff}
+.badge.up.warning{background:#fef3c7;color:#713f12;box-shadow:inset 0 0 0 1px #f59e0b}
+.badge.up.critical{background:#fee2e2;color:#7f1d1d;box-shadow:inset 0 0 0 1px #dc2626}
+.badge.health.ok{background:#dcfce7;color:#14532d}
+.badge.health.reset_required,.badge.health.warning{background:#f59e0b;color:#422006}
+.badge.health.replace,.badge.health.lost,.badge.health.critical{background:#7f1d1d;color:#fff}
+.health-reasons{color:#374151;margin-top:2px}
+td.name{white-space:nowrap}
+.verdict{font-weight:700;padding:0 5px;border-radius:3px}
+.verdict.healthy{background:#dcfce7;color:#14532d}
+.verdict.moderate{background:#fef3c7;color:#713f12}
+.verdict.high{background:#fee2e2;color:#7f1d1d}
+.verdict.unsure{background:#e5e7eb;color:#4b5563}
+.headline{color:#374151;overflow-wrap:anywhere}
+.fate.firing{color:#b91c1c;font-weight:600}
+.fate.resolved{color:#15803d}
+td.id{overflow-wrap:anywhere}
+td.when{white-space:nowrap}
 tr.mig td{background:#fafbfc;border-bottom-color:#f3f4f6}
 tr.mig .mig-name{padding-left:10px;font-weight:600}
 tr.mig .pods{padding-left:24px;color:#374151}
@@ -81,5 +101,20 @@ footer{padding:4px 24px 24px;color:#6b7280;font-size:13px}
  #alerts tr.alert td:nth-child(3)::before{content:"GPU "}
  #alerts tr.alert td:nth-child(5)::before{content:"for "}
  #alerts tr.alert td:last-child{flex-basis:100%;min-width:0;overflow-wrap:anywhere}
+ #gpus table,#gpus tbody,#captures table,#captures tbody{display:block}
+ #gpus thead,#captures thead{display:none}
+ #gpus tr,#captures tr{display:flex;flex-wrap:wrap;align-items:center;gap:3px 12px;padding:7px 10px;
+  border-bottom:1px solid #eef0f3}
+ #gpus td,#captures td{padding:0;border:0;min-width:0}
+ #gpus td:empty{display:none}
+ #gpus tr.gpu td.index::before{content:"GPU "}
+ #gpus td.name{white-space:normal}
+ #gpus td.mem::before{content:"memory "}
+ #gpus td.power::before{content:"power "}
+ #gpus td.procs::before{content:"processes "}
+ #gpus td.mem::before,#gpus td.power::before,#gpus td.procs::before{color:#6b7280;font-size:12px}
+ #captures tr td:nth-child(2)::before{content:"GPU "}
+ #captures tr td:last-child{flex-basis:100%}
+ #captures tr.capture td:nth-child(3){flex-basis:100%;order:-1}
 }
 """

@@ -26,11 +26,17 @@ from pydantic import create_model
 from gpuscope.alerts.rules.allocated_unused import AllocatedUnusedRule
 from gpuscope.alerts.rules.base import MAX_WINDOW_POINTS, Rule, RuleConfig
 from gpuscope.alerts.rules.busy_but_stalled import BusyButStalledRule
+from gpuscope.alerts.rules.ecc_uncorrectable import EccUncorrectableRule
 from gpuscope.alerts.rules.frequent_idle_dips import FrequentIdleDipsRule
 from gpuscope.alerts.rules.held_idle import HeldIdleRule
 from gpuscope.alerts.rules.low_utilization import LowUtilizationRule
+from gpuscope.alerts.rules.nvlink_errors import NvlinkErrorsRule
+from gpuscope.alerts.rules.pcie_errors import PcieErrorsRule
+from gpuscope.alerts.rules.row_remap_failed import RowRemapFailedRule
+from gpuscope.alerts.rules.row_remap_pending import RowRemapPendingRule
 from gpuscope.alerts.rules.shared_by_processes import SharedByProcessesRule
 from gpuscope.alerts.rules.throttled import ThrottledRule
+from gpuscope.alerts.rules.unhealthy import UnhealthyRule
 from gpuscope.alerts.rules.utilization_skew import UtilizationSkewRule
 from gpuscope.alerts.rules.xid_error import XidErrorRule
 from gpuscope.common.config_types import Section
@@ -47,8 +53,20 @@ RULES: tuple[type[Rule[Any]], ...] = (
     XidErrorRule,
     HeldIdleRule,
     AllocatedUnusedRule,
+    # The GPU's hardware health, in the order of the PromQL rules' gpuscope-hardware group.
+    RowRemapPendingRule,
+    RowRemapFailedRule,
+    NvlinkErrorsRule,
+    PcieErrorsRule,
+    UnhealthyRule,
+    EccUncorrectableRule,
 )
 RULE_TYPES: Mapping[str, type[Rule[Any]]] = {rule.name: rule for rule in RULES}
+# The rules on the GPU's hardware (a fault to drain on, not a way of using the GPU): the status page
+# and the snapshot count their alerts in a GPU's health.
+HARDWARE_RULES: tuple[str, ...] = (
+    RowRemapPendingRule.name, RowRemapFailedRule.name, NvlinkErrorsRule.name, PcieErrorsRule.name,
+    UnhealthyRule.name, EccUncorrectableRule.name)
 # Whether a rule's firing takes a capture when capture.rules does not say.
 CAPTURES_BY_DEFAULT: Mapping[str, bool] = {rule.name: rule.captures_by_default for rule in RULES}
 
