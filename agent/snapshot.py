@@ -99,12 +99,13 @@ class MigReading:
     # times the interval it covers, in place of the utilization samples NVML does not keep per instance.
     busy_seconds_total: float | None = None
 
+    # The pod containers the kubelet allocated this MIG device to (by its MIG UUID).
+    pods: tuple[PodContainer, ...] = ()
+
     def runs(self, process: ProcessReading) -> bool:
         """The process runs on this MIG device: in its GPU instance and its compute instance. The one
         test of it: the alert history, the status page, the command line and capture targets ask it."""
         return process.gpu_instance == self.gpu_instance and process.compute_instance == self.compute_instance
-    # The pod containers the kubelet allocated this MIG device to (by its MIG UUID).
-    pods: tuple[PodContainer, ...] = ()
 
 
 HEALTH_STATES = ("ok", "reset_required", "replace", "lost")

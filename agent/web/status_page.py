@@ -258,7 +258,7 @@ def _mig_row(view: StatusView, gpu: GpuReading, device: MigReading, alerts: Iter
           if device.sm_active_ratio is not None else "")
     busy = (f'<div class="util"><span class="num" title="busy share (GPM graphics activity)">'
             f"{_percent(latest)}</span>{sparkline(series, view.history_points)}{sm}</div>")
-    on_it = sum(1 for p in gpu.processes if _on_device(p, device))
+    on_it = sum(1 for p in gpu.processes if device.runs(p))
     badges = _alert_badges(alerts)
     return (f'<tr class="mig" id="gpu-{gpu.index}-mig-{device.gpu_instance}-{device.compute_instance}">'
             f'<td class="index"></td><td class="name">{name}</td><td class="state"></td>'
@@ -272,10 +272,6 @@ def _pods_text(pods: Iterable[PodContainer]) -> str:
     """Pod containers on one line, escaped: "pod research/finetune-7 (trainer)"."""
     named = [f"{_e(p.namespace)}/{_e(p.pod)} ({_e(p.container)})" for p in sorted(pods)]
     return f"pod{'s' if len(named) > 1 else ''} {', '.join(named)}"
-
-
-def _on_device(process: ProcessReading, device: MigReading) -> bool:
-    return process.gpu_instance == device.gpu_instance and process.compute_instance == device.compute_instance
 
 
 def _alert_badges(alerts: Iterable[Alert]) -> str:
@@ -334,7 +330,7 @@ def _device_of(gpu: GpuReading, process: ProcessReading) -> MigReading | None:
     """The MIG device a process runs on; None off MIG."""
     if process.gpu_instance is None or not gpu.mig_devices:
         return None
-    return next((d for d in gpu.mig_devices if _on_device(process, d)), None)
+    return next((d for d in gpu.mig_devices if d.runs(process)), None)
 
 
 def _process_row(view: StatusView, gpu: GpuReading, process: ProcessReading,
