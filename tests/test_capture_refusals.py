@@ -68,10 +68,10 @@ def test_an_alert_right_after_a_manual_capture_on_the_same_gpu_is_captured(
     code, out, err = cli(["capture", "--gpu", "0", "--duration", "200ms", "--socket", str(node.socket)],
                          capsys)
     assert code == 0, err
-    # The user is told what the capture costs the alert captures: the hourly budget they share.
-    assert "note: this capture uses 1 of the 6 captures per hour (capture.hourly_budget) that alert " \
-           "captures share: 5 left" in out
-    assert "the alert cooldown is not affected" in out
+    # The user is told what the capture cost them: one of their own captures of the hour.
+    assert "note: this capture uses 1 of the 12 on-demand captures per hour for " in out
+    assert "(capture.user_hourly_budget): 11 left; alert captures have their own budget " \
+           "(capture.hourly_budget) and cooldown" in out
     record = alert_capture(node)
     assert (record.outcome, record.error) == ("captured", None)
     assert record.notice is None, "an alert's capture costs nothing it need be told of"

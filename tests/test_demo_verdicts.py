@@ -48,7 +48,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningAgen
     assert changed == 1, "the demo's busy-but-stalled phase is no longer where this test expects it"
     (tmp / "demo.yaml").write_text(stalled_now)
     short = Path(tempfile.mkdtemp(prefix="gv-", dir="/tmp"))  # Unix socket paths must stay short
-    env = {"GPUSCOPE_ALERTING__ENABLED": "false", "GPUSCOPE_CAPTURE__HOURLY_BUDGET": "60",
+    env = {"GPUSCOPE_ALERTING__ENABLED": "false", "GPUSCOPE_CAPTURE__USER_HOURLY_BUDGET": "60",
            "GPUSCOPE_CAPTURE__KINETO__TRACE_DIR": str(short / "traces"),
            "GPUSCOPE_CAPTURE__KINETO__SOCKET_DIR": str(short / "ipc")}
     try:

@@ -212,7 +212,8 @@ def test_the_documented_overlay_changes_the_daemonsets_image(tmp_path: Path) -> 
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     base = os.path.relpath(K8S, overlay)
-    (overlay / "kustomization.yaml").write_text(kustomization.replace("<path or URL of>/deploy/kubernetes", base))
+    (overlay / "kustomization.yaml").write_text(
+        kustomization.replace("<path or URL of>/deploy/kubernetes", base))
     (container,) = render_overlay(overlay)["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "registry.example.com/gpuscope:0.1.0"
     # The `kustomize edit` line the docs give writes the same entry: same name, same new image.
