@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuscope.capture.config import MAX_DURATION_SECONDS
 from gpuscope.capture.records import CaptureIdError, check_capture_id
+from gpuscope.cli.invocation import command_name
 from gpuscope.cli.progress import progress_line
 from gpuscope.cli.trace_viewers import viewer_hints
 from gpuscope.common.durations import format_duration, format_wait, parse_duration
@@ -226,7 +227,7 @@ def _capture(args: argparse.Namespace) -> int:
     else:
         print(format_record(record))
         if record.get("outcome") == "captured":
-            print(f"download: gpuscope captures get {record.get('id')} -o DIR")
+            print(f"download: {command_name()} captures get {record.get('id')} -o DIR")
         if record.get("notice"):  # what it cost the alert captures (their shared budget)
             print(f"note: {record['notice']}")
     return EXIT_OK if record.get("outcome") == "captured" else EXIT_FAILURE
@@ -323,7 +324,7 @@ def _list(args: argparse.Namespace) -> int:
         _print_refused(listing.refused, listing.refused_count)
     elif listing.refused_count:
         print(f"{listing.refused_count} capture trigger(s) refused since the agent started; "
-              "`gpuscope captures ls --all` lists them with the reason")
+              f"`{command_name()} captures ls --all` lists them with the reason")
     return EXIT_OK
 
 
@@ -401,8 +402,8 @@ def _download(args: argparse.Namespace, output: Path) -> list[str]:
         except ControlError as err:
             if err.code == grpc.StatusCode.NOT_FOUND:
                 raise ControlError(f"{err}; only captures that reached a profiler are stored (a refused "
-                                   "one, or one that found no profiler, is not): `gpuscope captures ls` "
-                                   "lists them", code=err.code) from None
+                                   "one, or one that found no profiler, is not): "
+                                   f"`{command_name()} captures ls` lists them", code=err.code) from None
             raise
 
 

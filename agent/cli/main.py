@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuscope.cli.invocation import command_name
 from gpuscope.common.config_types import ConfigError
 from gpuscope.common.durations import parse_duration
 from gpuscope.config import Settings, load_settings
@@ -30,7 +31,10 @@ def _duration_flag(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuscope", description="Always-on per-node GPU telemetry agent.")
+    # prog: usage lines and errors name the command as the user ran it (`.venv/bin/gpuscope`, `python -m
+    # gpuscope`) where plain `gpuscope` would not find this program.
+    parser = argparse.ArgumentParser(prog=command_name(),
+                                     description="Always-on per-node GPU telemetry agent.")
     parser.add_argument("--version", action="version", version=f"gpuscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 help="What to do (`gpuscope COMMAND -h` describes each).")
