@@ -135,7 +135,8 @@ class PodsConfig(Section):
 
 class Settings(Section):
     sample_interval: Duration = Field(1.0, ge=0.05, le=3600.0, description="Seconds between NVML samples.")
-    node_name: str | None = Field(None, description="Node name in snapshots; default: the hostname.")
+    node_name: str | None = Field(None, description="Node name in snapshots; default: the hostname (a "
+                                                     "simulated node: its scenario's name).")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     simulate: str | None = Field(None, description="Bundled scenario name or scenario file: fake NVML.")
     web: WebConfig = Field(default_factory=WebConfig)
