@@ -131,19 +131,22 @@ def test_a_stale_ticket_does_not_release_a_newer_capture() -> None:
 
 
 def test_cooldown_per_gpu_for_alert_and_webhook_triggers() -> None:
-    policy, clock = make(cooldown="15m")
+    policy, clock = make(cooldown="15m", wall=WALL)
     assert run(policy, ALERT, 0).allowed
     clock.now += 60
     refused = policy.admit(ALERT, 0)
     assert (refused.allowed, refused.code) == (False, "cooldown")
     assert refused.reason == ("GPU 0 is cooling down: last alert capture 1m ago, cooldown 15m "
-                              "(capture.cooldown); next possible in 14m")
-    assert refused.allowed_in_s == 840.0
+                              "(capture.cooldown); the next is allowed at 13:18:20 UTC (in 14m)")
+    # As kept for later readers: no wait, which would be stale by then; the same time.
+    assert refused.lasting_reason == ("GPU 0 is cooling down after an alert capture, cooldown 15m "
+                                      "(capture.cooldown); the next is allowed at 13:18:20 UTC")
+    assert (refused.allowed_in_s, refused.allowed_at) == (840.0, WALL + 900.0)
     assert policy.admit(WEBHOOK, 0).code == "cooldown"
     assert policy.cooldown_left(0) == 840.0 and policy.cooldown_left(1) == 0.0
     assert run(policy, ALERT, 1).allowed, "another GPU is not cooling down"
     clock.now += 839.5
-    assert policy.check(ALERT, 0).reason.endswith("next possible in 1s")
+    assert policy.check(ALERT, 0).reason.endswith("(in 1s)")
     clock.now += 0.5
     assert run(policy, ALERT, 0).allowed
 
@@ -197,14 +200,13 @@ def test_a_persons_captures_and_the_alert_captures_have_budgets_of_their_own() -
     refused = policy.admit(USER, 0)
     assert (refused.code, refused.allowed_in_s) == ("budget", 3600.0 - 120.0)
     assert refused.reason == ("hourly budget used: 4 on-demand captures by requester 'alice' in the last "
-                              "hour "
-                              "(capture.user_hourly_budget: 4); the next is allowed at 14:03:20 UTC "
-                              "(in 58m); raise capture.user_hourly_budget to allow more")
+                              "hour (capture.user_hourly_budget: 4, raise it to allow more); the next is "
+                              "allowed at 14:03:20 UTC (in 58m)")
     alert = policy.admit(ALERT, 0)
     assert (alert.code, alert.allowed_in_s) == ("budget", 3600.0)
     assert alert.reason == ("hourly budget used: 2 alert and webhook captures in the last hour "
-                            "(capture.hourly_budget: 2); the next is allowed at 14:05:20 UTC (in 60m); "
-                            "raise capture.hourly_budget to allow more")
+                            "(capture.hourly_budget: 2, raise it to allow more); the next is allowed at "
+                            "14:05:20 UTC (in 60m)")
 
 
 def test_a_restored_ledger_from_the_store_starts_cooldowns_for_alert_captures_only() -> None:

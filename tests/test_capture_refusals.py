@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,9 +20,12 @@ from test_control_api import Node, one_gpu_snapshot, running_node
 
 from gpuscope.alerts.config import EventLogConfig
 from gpuscope.alerts.eventlog import AlertEventLog
+from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.model import CaptureRecord, Trigger
+from gpuscope.capture.policy import CapturePolicy
 from gpuscope.capture.refusals import RefusalLog, RefusedTrigger
 from gpuscope.capture.service import CaptureRequest
+from gpuscope.cli.capture import _print_refused
 from gpuscope.generated.agent.v1 import agent_pb2
 from gpuscope.web.server import AgentHttpServer
 from gpuscope.web.web_config import WebConfigWatcher
@@ -105,7 +110,9 @@ def test_a_trigger_refused_by_the_cooldown_is_listed_everywhere(
     assert lines[header].split()[:7] == ["REFUSED", "(UTC)", "TRIGGER", "GPU", "REASON", "NEXT", "ALLOWED"]
     row = lines[header + 1]
     assert "alert:GpuLowUtilization" in row and " cooldown " in row and "GPU 0 is cooling down" in row
-    assert " in " in row, "the time until the next alert capture is allowed"
+    # NEXT ALLOWED and the message say the same time: one value, one wording.
+    column, message = re.findall(r"at (\d\d:\d\d:\d\d) UTC", row)
+    assert column == message and re.search(r"UTC \(in \d+m(\d+s)?\)", row), row
 
     code, out, _ = cli(["captures", "ls", "--all", "--json", "--socket", sock], capsys)
     document = json.loads(out)
@@ -144,6 +151,28 @@ def test_a_trigger_refused_by_the_cooldown_is_listed_everywhere(
     assert "Refused triggers (newest 1 of 1 kept" in captures
     assert '<tr class="refusal">' in captures and ">cooldown</span>" in captures
     assert "next alert capture allowed in " in captures
+
+
+def test_next_allowed_and_the_message_agree_however_late_they_are_listed(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    wall = 1_764_335_000.0  # 13:03:20 UTC
+    clock = [1000.0]
+    policy = CapturePolicy(CaptureConfig(), clock=lambda: clock[0], wall_clock=lambda: wall + clock[0] - 1000)
+    policy.release(policy.admit(ALERT, 0))
+    clock[0] += 60
+    refused = policy.admit(ALERT, 0)
+    assert refused.reason.endswith("the next is allowed at 13:18:20 UTC (in 14m)")  # the reply, now
+    kept = RefusedTrigger(at=wall + 60, trigger=ALERT, gpu=0, reason="cooldown",
+                          message=refused.lasting_reason, allowed_at=refused.allowed_at)
+    monkeypatch.setattr(time, "time", lambda: wall + 600)  # listed nine minutes later
+    _print_refused([kept.to_json()], 1)
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert "at 13:18:20 UTC (in 5m)" in row, row  # NEXT ALLOWED, as of the listing
+    assert row.endswith("cooldown 15m (capture.cooldown); the next is allowed at 13:18:20 UTC"), row
+    assert "14m" not in row, "no wait that was true only when the trigger was refused"
+    monkeypatch.setattr(time, "time", lambda: wall + 3600)
+    _print_refused([kept.to_json()], 1)
+    assert " now " in capsys.readouterr().out.splitlines()[-1]
 
 
 def test_only_the_newest_refusals_are_kept(tmp_path: Path) -> None:

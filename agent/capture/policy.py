@@ -48,6 +48,7 @@ from typing import Literal
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.ledger import AdmissionLedger, Admissions
 from gpuscope.capture.model import Trigger
+from gpuscope.capture.refusals import next_allowed
 from gpuscope.common.durations import format_duration, format_wait
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,12 @@ class Decision:
     code: RefusalCode | None = None
     duration_s: float = 0.0  # the length to record, when allowed
     ticket: int = 0
-    # Refused for the cooldown or the budget: seconds until a trigger like this one would be allowed.
+    # Refused for the cooldown or the budget: seconds until a trigger like this one would be allowed,
+    # and that moment on the wall clock (the one value the sentences and the listings show).
     allowed_in_s: float | None = None
+    allowed_at: float | None = None
+    # The refusal as it stays true when read later (the refusal log): the time of day only, no wait.
+    lasting_reason: str = ""
     # Admitted user or fleet request: what it cost whoever asked (their budget), for them ("" otherwise).
     notice: str = ""
 
@@ -166,7 +171,8 @@ class CapturePolicy:
                 f"{_requester_name(requester)} (capture.user_hourly_budget): {left} left")
         if left == 0:
             wait = started[0] + BUDGET_WINDOW_SECONDS - now
-            text += f"; the next is allowed {_when(wait, self._wall_clock())}"
+            wall_now = self._wall_clock()
+            text += f"; the next is allowed {next_allowed(wall_now + wait, wall_now)}"
         return text + ("; alert captures have their own budget (capture.hourly_budget) and cooldown, and "
                        "are refused while it runs")
 
@@ -224,9 +230,10 @@ class CapturePolicy:
                 cooldown = format_duration(config.cooldown)
                 return _refuse("cooldown", f"GPU {gpu} is cooling down: last alert capture "
                                            f"{format_wait(now - last)} ago, cooldown {cooldown} "
-                                           "(capture.cooldown); "
-                                           f"next possible in {format_wait(last + config.cooldown - now)}",
-                               allowed_in_s=last + config.cooldown - now)
+                                           "(capture.cooldown)",
+                               allowed_in_s=last + config.cooldown - now, wall_now=self._wall_clock(),
+                               lasting=f"GPU {gpu} is cooling down after an alert capture, cooldown "
+                                       f"{cooldown} (capture.cooldown)")
         self._expire(now)
         if automatic:
             started, budget, setting = self._started, config.hourly_budget, "capture.hourly_budget"
@@ -239,9 +246,8 @@ class CapturePolicy:
         if len(started) >= budget:
             wait = started[0] + BUDGET_WINDOW_SECONDS - now
             return _refuse("budget", f"hourly budget used: {len(started)} {what} in the last hour "
-                                     f"({setting}: {budget}); the next is allowed "
-                                     f"{_when(wait, self._wall_clock())}; raise {setting} to allow more",
-                           allowed_in_s=wait)
+                                     f"({setting}: {budget}, raise it to allow more)",
+                           allowed_in_s=wait, wall_now=self._wall_clock())
         return Decision(True, "", None, length)
 
     def _expire(self, now: float) -> None:
@@ -281,9 +287,17 @@ class CapturePolicy:
             return max(0.0, last + self._config.cooldown - self._clock())
 
 
-def _refuse(code: RefusalCode, reason: str, *, allowed_in_s: float | None = None) -> Decision:
-    wait = None if allowed_in_s is None else max(0.0, allowed_in_s)
-    return Decision(False, reason, code, allowed_in_s=wait)
+def _refuse(code: RefusalCode, reason: str, *, allowed_in_s: float | None = None, wall_now: float = 0.0,
+            lasting: str | None = None) -> Decision:
+    """A refusal; with ``allowed_in_s``, its sentences end with when the next is allowed, from one
+    wall-clock time: the reply's as of now, the lasting one as a time of day."""
+    if allowed_in_s is None:
+        return Decision(False, reason, code)
+    wait = max(0.0, allowed_in_s)
+    allowed_at = wall_now + wait
+    return Decision(False, f"{reason}; the next is allowed {next_allowed(allowed_at, wall_now)}", code,
+                    allowed_in_s=wait, allowed_at=allowed_at,
+                    lasting_reason=f"{lasting or reason}; the next is allowed {next_allowed(allowed_at)}")
 
 
 def _requester(trigger: Trigger) -> str:
@@ -296,13 +310,6 @@ def _requester_name(requester: str) -> str:
     """The requester as the control API named them: 'unix' (whoever may open the control socket),
     'token' (the TCP listener's token holders)."""
     return f"requester {requester!r}" if requester else "requests that name no requester"
-
-
-def _when(wait_s: float, wall_now: float) -> str:
-    """When something ``wait_s`` from now happens, as the wall-clock time and the wait: 'at 14:07:12
-    UTC (in 53m10s)'."""
-    at = time.strftime("%H:%M:%S", time.gmtime(wall_now + math.ceil(max(0.0, wait_s))))
-    return f"at {at} UTC (in {format_wait(wait_s)})"
 
 
 def _automatic(trigger: Trigger) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -28,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from gpuscope.capture.config import MAX_DURATION_SECONDS
 from gpuscope.capture.records import CaptureIdError, check_capture_id
+from gpuscope.capture.refusals import next_allowed
 from gpuscope.cli.invocation import command_name
 from gpuscope.cli.progress import progress_line
 from gpuscope.cli.trace_viewers import viewer_hints
-from gpuscope.common.durations import format_duration, format_wait, parse_duration
+from gpuscope.common.durations import format_duration, parse_duration
 from gpuscope.common.lazy_import import lazy_module
 from gpuscope.common.sizes import format_size
 from gpuscope.control.config import DEFAULT_SOCKET
@@ -368,11 +370,13 @@ def _print_refused(refused: list[dict[str, Any]], count: int | None) -> None:
 
 
 def _allowed_in(allowed_at: Any, now: float) -> str:
-    """When a refused trigger's kind is allowed again: "in 14m10s", "now", "-" (unknown)."""
+    """When a refused trigger's kind is allowed again, as the refusal's message says it (the same
+    function, the same time): "at 14:07:12 UTC (in 14m10s)", "now", "-" (unknown)."""
     if isinstance(allowed_at, bool) or not isinstance(allowed_at, (int, float)):
         return "-"
-    wait = allowed_at - now
-    return "now" if wait <= 0 else f"in {format_wait(wait)}"
+    if not math.isfinite(allowed_at):
+        return "-"
+    return next_allowed(float(allowed_at), now)
 
 
 def _print_table(rows: Sequence[Sequence[str]]) -> None:
