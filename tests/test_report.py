@@ -16,7 +16,8 @@ from urllib.parse import parse_qs
 import pytest
 
 from gpuscope.cli.main import main
-from gpuscope.cli.report import parse_span, parse_time
+from gpuscope.cli.report import as_table, largest_remainder, parse_span, parse_time
+from gpuscope.report.build import Report, Row
 from gpuscope.report.client import Auth, PrometheusClient, PrometheusError
 from gpuscope.report.promql import OWNERS, Queries
 
@@ -161,3 +162,35 @@ def test_wrong_flags_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], ar
 def test_an_url_that_is_not_http_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run(capsys, "prometheus:9090")
     assert code == 1 and "is not an http:// or https:// URL" in err
+
+
+# -- the table's rounding ----------------------------------------------------------------------------------
+
+
+def table_report(rows: list[Row]) -> Report:
+    total = Row(owner={"user": ""}, **{name: sum(getattr(r, name) for r in rows) for name in (
+        "held_gpu_hours", "busy_gpu_hours", "held_idle_gpu_hours", "energy_kwh", "alerts_fired")})
+    return Report(by="user", owner_labels=("user",), start=NOW - 3600, end=NOW, step_s=60, recorded=False,
+                  rows=rows, total=total, idle_energy_kwh=None, captures_by_node={})
+
+
+def test_the_rows_as_printed_add_up_to_the_total_as_printed() -> None:
+    rows = [Row(owner={"user": name}, held_gpu_hours=1.04, busy_gpu_hours=0.33, held_idle_gpu_hours=0.26,
+                energy_kwh=0.1234) for name in ("alice", "bob", "carol")]
+    table = as_table(table_report(rows)).splitlines()
+    cells = [line.split() for line in table[2:6]]
+    assert [c[0] for c in cells] == ["alice", "bob", "carol", "TOTAL"]
+    for column in (1, 2, 4, 5):  # held, busy, held idle, energy
+        printed = [float(c[column]) for c in cells]
+        assert round(sum(printed[:3]), 2) == printed[3], (column, printed)
+    # The TOTAL is the exact total, rounded: 3.12 GPU-h held, 0.99 busy, 0.78 idle, 0.3702 kWh.
+    assert cells[3][1:6] == ["3.1", "1.0", "32%", "0.8", "0.37"]
+    # The largest remainders get the missing units; equal ones go to the rows listed first.
+    assert [c[1] for c in cells[:3]] == ["1.1", "1.0", "1.0"]
+    assert [c[2] for c in cells[:3]] == ["0.4", "0.3", "0.3"]
+
+
+def test_largest_remainder() -> None:
+    assert largest_remainder([0.26, 0.26, 0.26], 1) == [3, 3, 2]
+    assert largest_remainder([0.04, 0.04, 0.04, 0.04], 1) == [1, 1, 0, 0]  # 0.16 -> 0.2
+    assert largest_remainder([], 1) == [] and largest_remainder([2.0], 2) == [200]
