@@ -160,7 +160,7 @@ class Agent:
             if settings.capture.webhook.enabled:
                 webhook_auth = build_webhook_auth(settings, self.web_config)
                 self.webhook = WebhookReceiver(self.captures.service.submit,
-                                               hosts=this_node_hosts(settings.node_name), port=None)
+                                               hosts=this_node_hosts(self.hostname), port=None)
         self.control: ControlServer | OnDemandControlServer | None = None
         if settings.control.enabled:
             # gRPC runs in a server process while clients call, unless remote clients (control.tcp)

@@ -29,6 +29,7 @@ from gpuscope.common.config_types import (
 from gpuscope.common.durations import format_duration
 from gpuscope.common.process_labels import DEFAULT_MAX_PER_GPU, PROCESS_LABEL_CHOICES, ProcessLabel
 from gpuscope.common.sizes import format_size
+from gpuscope.common.suggestions import did_you_mean
 from gpuscope.common.unixfs import FileTooLargeError, read_bounded
 from gpuscope.config_environment import deep_merge, environment_problems, environment_values
 from gpuscope.control.config import ControlConfig
@@ -135,7 +136,8 @@ class PodsConfig(Section):
 
 class Settings(Section):
     sample_interval: Duration = Field(1.0, ge=0.05, le=3600.0, description="Seconds between NVML samples.")
-    node_name: str | None = Field(None, description="Node name in snapshots; default: the hostname.")
+    node_name: str | None = Field(None, description="Node name in snapshots; default: the hostname (a "
+                                                     "simulated node: its scenario's name).")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     simulate: str | None = Field(None, description="Bundled scenario name or scenario file: fake NVML.")
     web: WebConfig = Field(default_factory=WebConfig)
@@ -187,7 +189,8 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
     """Build the settings from the file (optional), GPUSCOPE_* variables and flag overrides."""
     file_values = read_yaml(path) if path is not None else {}
     # Top-level keys are matched as written: of "web" and "WEB" neither may shadow the other unseen.
-    unknown = [f"{key}: unknown key" for key in file_values if key not in Settings.model_fields]
+    unknown = [f"{key}: unknown key{did_you_mean(key, Settings.model_fields)}"
+               for key in file_values if key not in Settings.model_fields]
     file_values = {key: value for key, value in file_values.items() if key in Settings.model_fields}
     source = str(path) if path is not None else "environment/flags"
     problems = environment_problems(Settings, os.environ)
@@ -197,12 +200,12 @@ def load_settings(path: Path | None = None, overrides: dict[str, Any] | None = N
     try:
         Settings.model_validate(env_values)  # the environment alone: its errors are named as its own
     except ValidationError as err:
-        raise ConfigError(ENVIRONMENT, format_errors(err)) from err
+        raise ConfigError(ENVIRONMENT, format_errors(err, model=Settings)) from err
     merged = deep_merge(deep_merge(file_values, env_values), overrides or {})
     try:
         settings = Settings.model_validate(merged)
     except ValidationError as err:
-        raise ConfigError(source, unknown + format_errors(err)) from err
+        raise ConfigError(source, unknown + format_errors(err, model=Settings)) from err
     if unknown:
         raise ConfigError(source, unknown)
     problems = _cross_field_problems(settings)

@@ -240,7 +240,8 @@ def run(cap: int, sizes: list[int], *, kineto: bool = False, series: int = 0, se
                       "quota_bytes": 4 * max([*sizes, series_size]) + series * series_size + 64 * MIB,
                       "min_free_bytes": 0},
             # The series takes its captures back to back: no cooldown, a budget that allows them.
-            "cooldown": "0s", "hourly_budget": max(6, series + len(sizes) + 1)}
+            "cooldown": "0s", "hourly_budget": max(6, series + len(sizes) + 1),
+            "user_hourly_budget": max(12, series + len(sizes) + 1)}
         if kineto:
             capture["kineto"] = {"max_trace_bytes": cap, "trace_dir": str(folder / "kineto-traces"),
                                  "socket_dir": str(kineto_ipc)}

@@ -72,6 +72,7 @@ class Agent:
                 "kineto": {"trace_dir": str(tmp / "kineto-traces"), "socket_dir": str(self.kineto_sockets)},
                 "profiler_ports": [profiler_port],
                 "hourly_budget": 3600,
+                "user_hourly_budget": 3600,
                 # A launch-bound job's Kineto trace (hundreds of thousands of events) is over the
                 # default 64 MiB, and Kineto takes a while to write it.
                 "max_trace_bytes": 2**30,

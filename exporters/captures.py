@@ -84,8 +84,8 @@ class CaptureCollector(Collector):
         if budget is not None:
             families.append(GaugeMetricFamily(
                 "gpuscope_capture_budget_remaining",
-                "Captures the hourly budget (capture.hourly_budget) still allows in the rolling hour, "
-                "restored across restarts.", value=float(budget)))
+                "Alert and webhook captures the hourly budget (capture.hourly_budget) still allows in "
+                "the rolling hour, restored across restarts.", value=float(budget)))
         if self._findings is not None:
             findings = CounterMetricFamily(
                 "gpuscope_capture_findings",

@@ -27,6 +27,7 @@ import pytest
 from gpuscope.alerts.engine import AlertEngine
 from gpuscope.alerts.model import Transition
 from gpuscope.alerts.rules import HARDWARE_RULES, RulesConfig, build_rules
+from gpuscope.capture.config import CaptureConfig
 from gpuscope.host.pods import PodAttribution
 from gpuscope.host.processes import ProcessInspector
 from gpuscope.nvml.boundary import Nvml
@@ -221,6 +222,32 @@ def test_the_demo_node_shows_every_rule() -> None:
     assert where["GpuSharedByProcesses"] == {2} and where["GpuBusyButStalled"] == {3}
     assert where["GpuThrottled"] == {0} and where["GpuXidError"] == {3}
     assert where["GpuFrequentIdleDips"] == {1}
+
+
+def test_the_demo_stall_alert_fires_with_time_left_in_the_stall_for_its_capture() -> None:
+    """GpuBusyButStalled captures by default: its capture must see the stall it fired on, so the demo's
+    stall outlasts the rule's window and `for` by at least a capture and the time its backend may take."""
+    (stall_start, stall_end) = demo_stall()
+    capture = CaptureConfig()
+    with Run("demo") as run:
+        run.until(stall_end)
+    fired = run.fired().get(("GpuBusyButStalled", 3))
+    assert fired is not None, "GpuBusyButStalled never fired during GPU 3's stall"
+    assert stall_start < fired
+    left = stall_end - fired
+    assert left >= capture.duration + capture.deadline_margin, (
+        f"fired at {fired:g} s, {left:g} s before the stall ends at {stall_end:g} s: too late for a "
+        f"{capture.duration:g} s capture")
+
+
+def demo_stall() -> tuple[float, float]:
+    """When GPU 3 of the demo is busy but stalled: its phase of low GPM SM activity, to the next phase."""
+    phases = load_scenario("demo").gpus[3].phases
+    stalled = RULES["GpuBusyButStalled"].config.max_sm_active  # type: ignore[attr-defined]
+    for k, phase in enumerate(phases):
+        if phase.gpm is not None and phase.gpm.sm_active < stalled:
+            return phase.from_, phases[k + 1].from_
+    raise AssertionError("the demo's GPU 3 has no busy-but-stalled phase")
 
 
 # ------------------------------------------------------------------------ a GPU held or allocated while idle

@@ -34,7 +34,7 @@ def test_capture_log_lines_name_the_gpu_only_when_there_is_one(
 
 def test_a_refused_capture_names_what_was_asked(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="gpuscope.capture.service")
-    with running_node(tmp_path, capture={"hourly_budget": 1}) as node, node.client() as client:
+    with running_node(tmp_path, capture={"user_hourly_budget": 1}) as node, node.client() as client:
         assert client.capture(target=PROFILER, duration_s=0.1)["outcome"] == "captured"
         refused = client.capture(target=PROFILER, duration_s=0.1)
     assert refused["outcome"] == "refused"

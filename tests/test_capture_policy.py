@@ -25,9 +25,12 @@ class Clock:
         return self.now
 
 
-def make(**config: Any) -> tuple[CapturePolicy, Clock]:
+def make(wall: float = 0.0, **config: Any) -> tuple[CapturePolicy, Clock]:
+    """A policy on a manual clock; ``wall``: the wall clock when the manual clock reads its start."""
     clock = Clock()
-    return CapturePolicy(CaptureConfig.model_validate(config), clock=clock), clock
+    start = clock.now
+    return CapturePolicy(CaptureConfig.model_validate(config), clock=clock,
+                         wall_clock=lambda: wall + clock.now - start), clock
 
 
 def run(policy: CapturePolicy, trigger: Trigger, gpu: int | None = 0, **kw: Any) -> Decision:
@@ -128,19 +131,22 @@ def test_a_stale_ticket_does_not_release_a_newer_capture() -> None:
 
 
 def test_cooldown_per_gpu_for_alert_and_webhook_triggers() -> None:
-    policy, clock = make(cooldown="15m")
+    policy, clock = make(cooldown="15m", wall=WALL)
     assert run(policy, ALERT, 0).allowed
     clock.now += 60
     refused = policy.admit(ALERT, 0)
     assert (refused.allowed, refused.code) == (False, "cooldown")
     assert refused.reason == ("GPU 0 is cooling down: last alert capture 1m ago, cooldown 15m "
-                              "(capture.cooldown); next possible in 14m")
-    assert refused.allowed_in_s == 840.0
+                              "(capture.cooldown); the next is allowed at 13:18:20 UTC (in 14m)")
+    # As kept for later readers: no wait, which would be stale by then; the same time.
+    assert refused.lasting_reason == ("GPU 0 is cooling down after an alert capture, cooldown 15m "
+                                      "(capture.cooldown); the next is allowed at 13:18:20 UTC")
+    assert (refused.allowed_in_s, refused.allowed_at) == (840.0, WALL + 900.0)
     assert policy.admit(WEBHOOK, 0).code == "cooldown"
     assert policy.cooldown_left(0) == 840.0 and policy.cooldown_left(1) == 0.0
     assert run(policy, ALERT, 1).allowed, "another GPU is not cooling down"
     clock.now += 839.5
-    assert policy.check(ALERT, 0).reason.endswith("next possible in 1s")
+    assert policy.check(ALERT, 0).reason.endswith("(in 1s)")
     clock.now += 0.5
     assert run(policy, ALERT, 0).allowed
 
@@ -165,18 +171,42 @@ def test_a_user_capture_does_not_start_the_alert_cooldown() -> None:
     assert run(policy, FLEET, 1).allowed and policy.check(ALERT, 1).code == "cooldown"
 
 
-def test_a_user_capture_is_told_what_it_costs_the_alert_captures() -> None:
-    policy, clock = make(hourly_budget=2)
+def test_a_user_capture_is_told_what_it_cost_them() -> None:
+    policy, clock = make(user_hourly_budget=2, wall=WALL)
     first = run(policy, USER, 0)
-    assert first.notice == ("this capture uses 1 of the 2 captures per hour (capture.hourly_budget) that "
-                            "alert captures share: 1 left; alert triggers are refused while it runs; the "
-                            "alert cooldown is not affected")
+    assert first.notice == ("this capture uses 1 of the 2 on-demand captures per hour for requester 'alice' "
+                            "(capture.user_hourly_budget): 1 left; alert captures have their own budget "
+                            "(capture.hourly_budget) and cooldown, and are refused while it runs")
     clock.now += 600
-    last = run(policy, FLEET, 0)
-    assert "0 left; alert captures are refused for the next 50m" in last.notice
-    assert run(policy, ALERT, 0).code == "budget"
-    assert policy.check(ALERT, 0).allowed_in_s == 3000.0
+    last = run(policy, USER, 0)
+    assert "0 left; the next is allowed at 14:03:20 UTC (in 50m)" in last.notice
     assert policy.admit(ALERT, 1).notice == "", "an alert's capture is not told"
+
+
+WALL = 1_764_335_000.0  # 2025-11-28 13:03:20 UTC, the wall clock at the manual clock's start
+
+
+def test_a_persons_captures_and_the_alert_captures_have_budgets_of_their_own() -> None:
+    """The README's tour: a capture of each of the demo's four GPUs, and two alerts that fire meanwhile.
+    Neither kind of capture takes from the other's budget, and each person has their own."""
+    policy, clock = make(hourly_budget=2, user_hourly_budget=4, cooldown=0, wall=WALL)
+    for gpu in range(4):
+        assert run(policy, USER, gpu).allowed
+        clock.now += 30
+    assert run(policy, ALERT, 1).allowed and run(policy, WEBHOOK, 3).allowed
+    assert policy.budget_left() == 0 and policy.user_budget_left("alice") == 0
+    assert run(policy, Trigger("user", user="bob"), 0).allowed, "bob's budget is his own"
+    assert policy.user_budget_left("bob") == 3 and policy.user_budget_left(None) == 4
+    refused = policy.admit(USER, 0)
+    assert (refused.code, refused.allowed_in_s) == ("budget", 3600.0 - 120.0)
+    assert refused.reason == ("hourly budget used: 4 on-demand captures by requester 'alice' in the last "
+                              "hour (capture.user_hourly_budget: 4, raise it to allow more); the next is "
+                              "allowed at 14:03:20 UTC (in 58m)")
+    alert = policy.admit(ALERT, 0)
+    assert (alert.code, alert.allowed_in_s) == ("budget", 3600.0)
+    assert alert.reason == ("hourly budget used: 2 alert and webhook captures in the last hour "
+                            "(capture.hourly_budget: 2, raise it to allow more); the next is allowed at "
+                            "14:05:20 UTC (in 60m)")
 
 
 def test_a_restored_ledger_from_the_store_starts_cooldowns_for_alert_captures_only() -> None:
@@ -195,7 +225,7 @@ def test_a_restored_ledger_from_the_store_starts_cooldowns_for_alert_captures_on
             return [Stored("user", 0, 50.0), Stored("alert", 1, 40.0), Stored("webhook", 2, 30.0)]
 
     admissions = restored_admissions(Ledgerless(), Store())  # type: ignore[arg-type]
-    assert admissions.started == [30.0, 40.0, 50.0]
+    assert admissions.started == [30.0, 40.0], "a person's capture is charged to their own budget"
     assert admissions.last_on_gpu == {1: 40.0, 2: 30.0}
 
 
@@ -205,21 +235,20 @@ def test_zero_cooldown() -> None:
     assert run(policy, ALERT, 0).allowed
 
 
-def test_hourly_budget_is_a_rolling_window_over_all_triggers() -> None:
+def test_hourly_budget_is_a_rolling_window_over_alert_and_webhook_triggers() -> None:
     policy, clock = make(hourly_budget=3, cooldown=0)
     starts = []
-    for trigger in (ALERT, USER, FLEET):
+    for trigger in (ALERT, WEBHOOK, ALERT):
         starts.append(clock.now)
         assert run(policy, trigger, 0).allowed
         clock.now += 600
     assert policy.budget_left() == 0
-    refused = policy.admit(USER, 1)
-    assert (refused.allowed, refused.code) == (False, "budget")
-    assert refused.reason == ("hourly budget used: 3 captures in the last hour (capture.hourly_budget: 3); "
-                              "next possible in 30m")
+    refused = policy.admit(WEBHOOK, 1)
+    assert (refused.allowed, refused.code, refused.allowed_in_s) == (False, "budget", 1800.0)
+    assert run(policy, USER, 1).allowed, "a person's request is not charged to the alert captures"
     clock.now = starts[0] + 3600  # the first capture leaves the window
     assert policy.budget_left() == 1
-    assert run(policy, USER, 1).allowed
+    assert run(policy, ALERT, 1).allowed
     assert policy.admit(ALERT, 2).code == "budget"
 
 
@@ -240,6 +269,7 @@ def test_a_refunded_user_capture_leaves_the_alert_cooldown_as_it_was() -> None:
     assert policy.cooldown_left(0) == 800.0
     policy.release(user, refund=True)  # ... and found nothing to profile
     assert policy.cooldown_left(0) == 800.0 and policy.budget_left() == 5
+    assert policy.user_budget_left("alice") == 12
     assert policy.check(ALERT, 0).code == "cooldown"
 
 
@@ -283,4 +313,4 @@ def test_concurrent_admissions_admit_exactly_one() -> None:
         t.join()
     assert sum(d.allowed for d in results) == 1
     assert {d.code for d in results if not d.allowed} == {"busy"}
-    assert policy.budget_left() == 99
+    assert policy.user_budget_left("alice") == 11 and policy.budget_left() == 100

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,9 +21,12 @@ from test_control_api import Node, one_gpu_snapshot, running_node
 from gpuscope.alert_captures.event_lines import CaptureEventLines
 from gpuscope.alerts.config import EventLogConfig
 from gpuscope.alerts.eventlog import AlertEventLog
+from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.model import CaptureRecord, Trigger
+from gpuscope.capture.policy import CapturePolicy
 from gpuscope.capture.refusals import RefusalLog, RefusedTrigger
 from gpuscope.capture.service import CaptureRequest
+from gpuscope.cli.capture import _print_refused
 from gpuscope.generated.agent.v1 import agent_pb2
 from gpuscope.web.server import AgentHttpServer
 from gpuscope.web.web_config import WebConfigWatcher
@@ -69,10 +74,10 @@ def test_an_alert_right_after_a_manual_capture_on_the_same_gpu_is_captured(
     code, out, err = cli(["capture", "--gpu", "0", "--duration", "200ms", "--socket", str(node.socket)],
                          capsys)
     assert code == 0, err
-    # The user is told what the capture costs the alert captures: the hourly budget they share.
-    assert "note: this capture uses 1 of the 6 captures per hour (capture.hourly_budget) that alert " \
-           "captures share: 5 left" in out
-    assert "the alert cooldown is not affected" in out
+    # The user is told what the capture cost them: one of their own captures of the hour.
+    assert "note: this capture uses 1 of the 12 on-demand captures per hour for " in out
+    assert "(capture.user_hourly_budget): 11 left; alert captures have their own budget " \
+           "(capture.hourly_budget) and cooldown" in out
     record = alert_capture(node)
     assert (record.outcome, record.error) == ("captured", None)
     assert record.notice is None, "an alert's capture costs nothing it need be told of"
@@ -106,7 +111,9 @@ def test_a_trigger_refused_by_the_cooldown_is_listed_everywhere(
     assert lines[header].split()[:7] == ["REFUSED", "(UTC)", "TRIGGER", "GPU", "REASON", "NEXT", "ALLOWED"]
     row = lines[header + 1]
     assert "alert:GpuLowUtilization" in row and " cooldown " in row and "GPU 0 is cooling down" in row
-    assert " in " in row, "the time until the next alert capture is allowed"
+    # NEXT ALLOWED and the message say the same time: one value, one wording.
+    column, message = re.findall(r"at (\d\d:\d\d:\d\d) UTC", row)
+    assert column == message and re.search(r"UTC \(in \d+m(\d+s)?\)", row), row
 
     code, out, _ = cli(["captures", "ls", "--all", "--json", "--socket", sock], capsys)
     document = json.loads(out)
@@ -145,6 +152,28 @@ def test_a_trigger_refused_by_the_cooldown_is_listed_everywhere(
     assert "Refused triggers (newest 1 of 1 kept" in captures
     assert '<tr class="refusal">' in captures and ">cooldown</span>" in captures
     assert "next alert capture allowed in " in captures
+
+
+def test_next_allowed_and_the_message_agree_however_late_they_are_listed(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    wall = 1_764_335_000.0  # 13:03:20 UTC
+    clock = [1000.0]
+    policy = CapturePolicy(CaptureConfig(), clock=lambda: clock[0], wall_clock=lambda: wall + clock[0] - 1000)
+    policy.release(policy.admit(ALERT, 0))
+    clock[0] += 60
+    refused = policy.admit(ALERT, 0)
+    assert refused.reason.endswith("the next is allowed at 13:18:20 UTC (in 14m)")  # the reply, now
+    kept = RefusedTrigger(at=wall + 60, trigger=ALERT, gpu=0, reason="cooldown",
+                          message=refused.lasting_reason, allowed_at=refused.allowed_at)
+    monkeypatch.setattr(time, "time", lambda: wall + 600)  # listed nine minutes later
+    _print_refused([kept.to_json()], 1)
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert "at 13:18:20 UTC (in 5m)" in row, row  # NEXT ALLOWED, as of the listing
+    assert row.endswith("cooldown 15m (capture.cooldown); the next is allowed at 13:18:20 UTC"), row
+    assert "14m" not in row, "no wait that was true only when the trigger was refused"
+    monkeypatch.setattr(time, "time", lambda: wall + 3600)
+    _print_refused([kept.to_json()], 1)
+    assert " now " in capsys.readouterr().out.splitlines()[-1]
 
 
 def test_only_the_newest_refusals_are_kept(tmp_path: Path) -> None:

@@ -51,7 +51,7 @@ def test_errors_name_every_offending_key_path(tmp_path: Path) -> None:
         load_settings(path)
     problems = info.value.problems
     assert any(p.startswith("sample_interval:") and "'fast'" in p for p in problems)
-    assert "web.listen_adress: unknown key" in problems
+    assert "web.listen_adress: unknown key (did you mean listen_address?)" in problems
     assert any(p.startswith("idle_dips.threshold:") for p in problems)
     assert "colour: unknown key" in problems
     assert str(path) in str(info.value)
@@ -155,7 +155,8 @@ def test_alerting_problems_are_named(tmp_path: Path) -> None:
     path = write(tmp_path, "sample_interval: 2s\nalerting:\n  rules:\n    GpuLowUtilisation: {}\n")
     with pytest.raises(ConfigError) as info:
         load_settings(path)
-    assert "alerting.rules.GpuLowUtilisation: unknown key" in info.value.problems
+    assert ("alerting.rules.GpuLowUtilisation: unknown key (did you mean GpuLowUtilization?)"
+            in info.value.problems)
     bad_url = write(tmp_path, "alerting:\n  alertmanager:\n    url: ftp://am:9093\n")
     with pytest.raises(ConfigError, match=r"alerting\.alertmanager\.url"):
         load_settings(bad_url)

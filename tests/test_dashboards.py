@@ -310,7 +310,8 @@ def scenario(jax_pid: int) -> str:
 def config(jax_port: int) -> str:
     """CONFIG, with captures of the JAX job's profiler server. The hourly budget (6 by default) is raised
     for Live.recent_capture, which may capture more than 6 times on a very slow run."""
-    return CONFIG + f"capture:\n  profiler_ports: [{jax_port}]\n  hourly_budget: 100\n"
+    return CONFIG + (f"capture:\n  profiler_ports: [{jax_port}]\n  hourly_budget: 100\n"
+                     "  user_hourly_budget: 100\n")
 
 
 def reads_captures(query: Query) -> bool:

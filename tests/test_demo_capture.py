@@ -151,7 +151,7 @@ def capture_gpu0(person: Person, agent: DemoAgent, socket_path: Path, out_dir: P
     assert record["outcome"] == "captured", record
     assert record["pids"] == [pid] and record["gpu"] == 0
     # Which agent answered: on stderr first, and in the JSON.
-    node = socket.gethostname()
+    node = "demo"  # a simulated node is named after its scenario, not after this machine
     first = result.stderr.splitlines()[0]
     assert re.fullmatch(rf"agent {re.escape(node)} \(simulating demo, pid {agent_pid(agent)}\) at "
                         rf"{re.escape(str(socket_path))}", first), result.stderr
@@ -331,7 +331,7 @@ def test_a_second_agent_never_takes_the_first_ones_socket_or_store(tmp_path: Pat
         with demo_agent(person, tmp_path / "first.log") as first:
             with demo_agent(person, tmp_path / "second.log") as second:
                 log = second.text()
-                node, pid = socket.gethostname(), first.proc.pid
+                node, pid = "demo", first.proc.pid
                 assert (f"control API disabled: the control socket {socket_path} is in use by another agent "
                         f"(pid {pid}, node {node}, simulating demo); set control.socket") in log, log
                 assert (f"captures disabled: the capture store {store} is in use by another gpuscope agent "

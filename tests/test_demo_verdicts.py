@@ -2,7 +2,7 @@
 `gpuscope captures explain ID`), gets its own verdict: the simulated jobs write traces with device
 activity shaped like their GPU's scenario.
 
-The demo's GPU 3 turns busy-but-stalled one minute in; the test runs the demo with that phase moved to
+The demo's GPU 3 turns busy-but-stalled 20 seconds in; the test runs the demo with that phase moved to
 the start (the bundled file, one line changed), so that every GPU shows its problem at once.
 """
 
@@ -44,11 +44,11 @@ def cli(*argv: str) -> tuple[int, str, str]:
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningAgent, Path]]:
     tmp = tmp_path_factory.mktemp("demo-verdicts")
     text = (Path(gpuscope.simulate.__file__).parent / "scenarios" / "demo.yaml").read_text()
-    stalled_now, changed = re.subn(r"- from: 1m( +# busy but stalled)", r"- from: 0s\1", text)
+    stalled_now, changed = re.subn(r"- from: \w+( +# busy but stalled)", r"- from: 0s\1", text)
     assert changed == 1, "the demo's busy-but-stalled phase is no longer where this test expects it"
     (tmp / "demo.yaml").write_text(stalled_now)
     short = Path(tempfile.mkdtemp(prefix="gv-", dir="/tmp"))  # Unix socket paths must stay short
-    env = {"GPUSCOPE_ALERTING__ENABLED": "false", "GPUSCOPE_CAPTURE__HOURLY_BUDGET": "60",
+    env = {"GPUSCOPE_ALERTING__ENABLED": "false", "GPUSCOPE_CAPTURE__USER_HOURLY_BUDGET": "60",
            "GPUSCOPE_CAPTURE__KINETO__TRACE_DIR": str(short / "traces"),
            "GPUSCOPE_CAPTURE__KINETO__SOCKET_DIR": str(short / "ipc")}
     try:

@@ -190,6 +190,46 @@ def test_kustomize_renders_the_base(rendered: list[dict[str, Any]]) -> None:
             assert o["metadata"]["namespace"] == "gpuscope", o["metadata"]["name"]
 
 
+def documented_overlay() -> tuple[str, str]:
+    """docs/deploy.md's overlay kustomization.yaml, and its `kustomize edit set image` line."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    block = re.search(r"<!-- overlay:[^>]*-->\n```yaml\n(.*?)```", text, re.S)
+    edit = re.search(r"`(kustomize edit set image [^`]+)`", text)
+    assert block is not None and edit is not None, "docs/deploy.md lost its overlay example"
+    return block.group(1), edit.group(1)
+
+
+def render_overlay(overlay: Path) -> dict[str, Any]:
+    kubectl = tool("kubectl", "scripts/test.sh installs Debian's kubernetes-client where none is installed")
+    result = run(kubectl, "kustomize", str(overlay))
+    assert result.returncode == 0, result.stderr
+    (ds,) = by_kind([d for d in yaml.safe_load_all(result.stdout) if d], "DaemonSet")
+    return ds
+
+
+def test_the_documented_overlay_changes_the_daemonsets_image(tmp_path: Path) -> None:
+    kustomization, edit_command = documented_overlay()
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = os.path.relpath(K8S, overlay)
+    (overlay / "kustomization.yaml").write_text(
+        kustomization.replace("<path or URL of>/deploy/kubernetes", base))
+    (container,) = render_overlay(overlay)["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example.com/gpuscope:0.1.0"
+    # The `kustomize edit` line the docs give writes the same entry: same name, same new image.
+    old, _, new = shlex.split(edit_command)[-1].partition("=")
+    (entry,) = yaml.safe_load(kustomization)["images"]
+    assert (old, new) == (entry["name"], f"{entry['newName']}:{entry['newTag']}")
+    kustomize = shutil.which("kustomize")
+    if kustomize is not None:  # the standalone kustomize, where installed: run the documented edit itself
+        edited = tmp_path / "edited"
+        edited.mkdir()
+        (edited / "kustomization.yaml").write_text(f"resources:\n  - {os.path.relpath(K8S, edited)}\n")
+        assert run(kustomize, "edit", *shlex.split(edit_command)[2:], cwd=edited).returncode == 0
+        (container,) = render_overlay(edited)["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == "registry.example.com/gpuscope:0.1.0"
+
+
 def test_every_builtin_object_is_valid_for_the_pinned_kubernetes_versions(
         rendered: list[dict[str, Any]]) -> None:
     try:

@@ -85,7 +85,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
     tmp = tmp_path_factory.mktemp("explain-agent")
     # The demo's alerts off (an alert's capture would hold the node's one slot when a test asks for
     # its own) and room in the hourly budget for every case.
-    env = {"GPUSCOPE_ALERTING__ENABLED": "false", "GPUSCOPE_CAPTURE__HOURLY_BUDGET": "60"}
+    env = {"GPUSCOPE_ALERTING__ENABLED": "false", "GPUSCOPE_CAPTURE__USER_HOURLY_BUDGET": "60"}
     with run_agent(tmp, "--simulate", "demo", env=env) as running:
         yield Agent(running, tmp / f"control-{running.port}.sock", tmp)
 

@@ -398,8 +398,7 @@ def test_a_download_writes_inside_its_directory_or_nothing(chunks: list[agent_pb
         except ControlError as err:
             event("refused")
             assert str(err)
-            assert list(out.rglob("*")) == [], "a refused download leaves nothing behind"
-            assert sorted(os.listdir(directory)) == ["out"]
+            assert os.listdir(directory) == [], "a refused download leaves nothing behind, not even out/"
             return
         event("written")
         assert sorted(os.listdir(directory)) == ["out"]

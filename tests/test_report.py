@@ -8,6 +8,7 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ from urllib.parse import parse_qs
 import pytest
 
 from gpuscope.cli.main import main
-from gpuscope.cli.report import parse_span, parse_time
+from gpuscope.cli.report import as_table, largest_remainder, parse_span, parse_time
+from gpuscope.report.build import Report, Row, build_report
 from gpuscope.report.client import Auth, PrometheusClient, PrometheusError
 from gpuscope.report.promql import OWNERS, Queries
 
@@ -161,3 +163,92 @@ def test_wrong_flags_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], ar
 def test_an_url_that_is_not_http_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run(capsys, "prometheus:9090")
     assert code == 1 and "is not an http:// or https:// URL" in err
+
+
+# -- the table's rounding ----------------------------------------------------------------------------------
+
+
+def table_report(rows: list[Row]) -> Report:
+    total = Row(owner={"user": ""}, **{name: sum(getattr(r, name) for r in rows) for name in (
+        "held_gpu_hours", "busy_gpu_hours", "held_idle_gpu_hours", "energy_kwh", "alerts_fired")})
+    return Report(by="user", owner_labels=("user",), start=NOW - 3600, end=NOW, step_s=60, recorded=False,
+                  rows=rows, total=total, idle_energy_kwh=None, captures_by_node={})
+
+
+def test_the_rows_as_printed_add_up_to_the_total_as_printed() -> None:
+    rows = [Row(owner={"user": name}, held_gpu_hours=1.04, busy_gpu_hours=0.33, held_idle_gpu_hours=0.26,
+                energy_kwh=0.1234) for name in ("alice", "bob", "carol")]
+    table = as_table(table_report(rows)).splitlines()
+    cells = [line.split() for line in table[2:6]]
+    assert [c[0] for c in cells] == ["alice", "bob", "carol", "TOTAL"]
+    for column in (1, 2, 4, 5):  # held, busy, held idle, energy
+        printed = [float(c[column]) for c in cells]
+        assert round(sum(printed[:3]), 2) == printed[3], (column, printed)
+    # The TOTAL is the exact total, rounded: 3.12 GPU-h held, 0.99 busy, 0.78 idle, 0.3702 kWh.
+    assert cells[3][1:6] == ["3.1", "1.0", "32%", "0.8", "0.37"]
+    # The largest remainders get the missing units; equal ones go to the rows listed first.
+    assert [c[1] for c in cells[:3]] == ["1.1", "1.0", "1.0"]
+    assert [c[2] for c in cells[:3]] == ["0.4", "0.3", "0.3"]
+
+
+def test_largest_remainder() -> None:
+    assert largest_remainder([0.26, 0.26, 0.26], 1) == [3, 3, 2]
+    assert largest_remainder([0.04, 0.04, 0.04, 0.04], 1) == [1, 1, 0, 0]  # 0.16 -> 0.2
+    assert largest_remainder([], 1) == [] and largest_remainder([2.0], 2) == [200]
+
+
+# -- GPUs time-sliced between pods ---------------------------------------------------------------------
+
+
+def series(value: float, **labels: str) -> dict[str, Any]:
+    return {"metric": labels, "value": [NOW, str(value)]}
+
+
+class CannedPrometheus:
+    """Answers each query with what it was given for exactly that query (else nothing)."""
+
+    def __init__(self, answers: dict[str, list[dict[str, Any]]]) -> None:
+        self.answers = answers
+
+    def query(self, promql: str, at: float) -> list[dict[str, Any]]:
+        return self.answers.get(promql, [])
+
+
+@pytest.mark.parametrize("by", ["pod", "namespace"])
+def test_a_time_sliced_gpus_processes_are_shared_among_its_pods(by: str) -> None:
+    """The demo's GPU 2, time-sliced between llm-pretrain-2 and eval-nightly: its processes carry no
+    pod labels, so without the pods of gpu_pod_info they would make one row of no owner."""
+    queries = Queries(by, 3600, 60)
+    split = replace(queries, by_gpu_too=True)
+    gpu0 = {"instance": "demo:9847", "gpu": "0", "uuid": "GPU-0"}
+    gpu2 = {"instance": "demo:9847", "gpu": "2", "uuid": "GPU-2"}
+    owner = {"pod": {"namespace": "research", "pod": "llm-pretrain-0"},
+             "namespace": {"namespace": "research"}}[by]
+    nobody = {label: "" for label in queries.owner_labels}
+    answers = {
+        queries.held_seconds(): [series(3600, **owner), series(3600, **nobody)],
+        queries.busy_seconds(): [series(3456, **owner), series(3168, **nobody)],
+        queries.energy_joules(): [series(1.8e6, **owner), series(1.8e6, **nobody)],
+        queries.alerts_fired(): [series(1, **nobody)],
+        split.held_seconds(): [series(3600, **gpu0, **owner), series(3600, **gpu2, **nobody)],
+        split.busy_seconds(): [series(3456, **gpu0, **owner), series(3168, **gpu2, **nobody)],
+        split.energy_joules(): [series(1.8e6, **gpu0, **owner), series(1.8e6, **gpu2, **nobody)],
+        split.alerts_fired(): [series(1, **gpu2, **nobody)],
+        queries.pods_of_gpus(): [
+            series(1, **gpu0, namespace="research", pod="llm-pretrain-0"),
+            series(1, **gpu2, namespace="research", pod="llm-pretrain-2"),
+            series(1, **gpu2, namespace="research", pod="eval-nightly")],
+    }
+    report = build_report(CannedPrometheus(answers), queries, NOW - 3600, NOW)  # type: ignore[arg-type]
+    rows = {tuple(r.owner.values()): r for r in report.rows}
+    assert ("",) * len(queries.owner_labels) not in rows, "no row of no owner is left"
+    if by == "pod":
+        sliced = [rows["research", "llm-pretrain-2"], rows["research", "eval-nightly"]]
+        assert [(r.held_gpu_hours, r.busy_gpu_hours, r.alerts_fired) for r in sliced] == [(0.5, 0.44, 1)] * 2
+        assert rows["research", "llm-pretrain-0"].busy_gpu_hours == 0.96
+    else:
+        (research,) = rows.values()  # both shares, and the namespace's own pod
+        assert (research.held_gpu_hours, round(research.busy_gpu_hours, 6)) == (2.0, 1.84)
+    assert report.total.held_gpu_hours == 2.0 and round(report.total.energy_kwh, 6) == 1.0
+    assert report.total.alerts_fired == (2 if by == "pod" else 1), "an alert counts for each pod"
+    assert any("time-sliced between pods" in note for note in report.notes)

@@ -8,7 +8,8 @@ capture:
   max_trace_bytes: 64MiB    # per gRPC target; its client process holds about 3.6x this while it arrives
   max_duration: 30s
   cooldown: 15m         # per GPU, for alert and webhook triggers
-  hourly_budget: 6      # captures of any trigger in a rolling hour
+  hourly_budget: 6      # alert and webhook captures in a rolling hour, for the node
+  user_hourly_budget: 12  # on-demand captures (user, fleet) in a rolling hour, per person
   rules: {GpuThrottled: true, GpuLowUtilization: false}
   profiler_ports: [6009]
   targets:
@@ -268,7 +269,11 @@ class CaptureConfig(Section):
                                description="After a capture on a GPU, alert and webhook triggers on that "
                                            "GPU are refused for this long.")
     hourly_budget: int = Field(6, ge=1, le=3600,
-                               description="Captures of any trigger allowed in a rolling hour.")
+                               description="Alert and webhook captures allowed in a rolling hour on the "
+                                           "node; written down in the store, so a restart keeps it.")
+    user_hourly_budget: int = Field(12, ge=1, le=3600,
+                                    description="On-demand captures (user and fleet requests) each person "
+                                                "may start in a rolling hour; apart from hourly_budget.")
     max_trace_bytes: ByteSize = Field(
         DEFAULT_MAX_TRACE_BYTES, ge=MIN_QUOTA_BYTES, le=MAX_TRACE_BYTES_CEILING, description=(
             "Largest trace received over gRPC from one TensorFlow/JAX profiler server (a response is "

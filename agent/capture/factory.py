@@ -97,14 +97,15 @@ def build_captures(config: CaptureConfig, *, snapshots: SnapshotSource, hostname
 
 
 def restored_admissions(ledger: AdmissionLedger, store: CaptureStore) -> Admissions:
-    """The ledger's admissions; without a ledger (a store from an older agent), the stored captures'
-    start times stand in: each one was admitted and charged the budget, and an alert's or a webhook's
-    started its GPU's alert cooldown (a user's does not)."""
+    """The ledger's admissions; without a ledger (a store from an older agent), the stored alert and
+    webhook captures' start times stand in: each one was admitted, charged the automatic captures'
+    budget and started its GPU's alert cooldown (a person's request does neither: its budget is its
+    requester's, in memory)."""
     if ledger.exists():
         return ledger.load()
     admissions = Admissions()
     for record in sorted(store.list(), key=lambda r: r.start):
-        admissions.started.append(record.start)
         if record.trigger.kind in ("alert", "webhook"):
+            admissions.started.append(record.start)
             admissions.last_on_gpu[record.gpu] = record.start
     return admissions

@@ -1,6 +1,7 @@
-"""The capture policy's memory across restarts: when captures were admitted (the hourly budget) and
-the last alert or webhook capture on each GPU (the alert cooldown), kept in
-``<store root>/.admissions.json``.
+"""The capture policy's memory across restarts: when alert and webhook captures were admitted (their
+hourly budget, ``capture.hourly_budget``) and the last one on each GPU (the alert cooldown), kept in
+``<store root>/.admissions.json``. A person's on-demand captures have a budget of their own, kept in
+memory only (capture/policy.py says why).
 
 The file is rewritten atomically (a new file renamed over the old one) at each admission and each
 refund, so a restart, a crash loop or a rollout does not hand out a fresh budget. Times are wall

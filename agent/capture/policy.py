@@ -15,17 +15,23 @@ Checks, in this order (the first that fails is the reason):
    one capture). User and fleet requests neither wait for it nor start it: a person asking for a
    trace now should get one, and the alert that fires next on that GPU should still get its own.
    They are bound by 4 and 6 and by the store's quota like every capture; the decision's ``notice``
-   tells whoever asked what their capture costs the alert captures (the shared hourly budget).
-6. The hourly budget: at most ``capture.hourly_budget`` captures (of any trigger) started in any
-   rolling 60 minutes.
+   tells whoever asked what their capture cost them (their own hourly budget).
+6. The hourly budgets, two of them, each over any rolling 60 minutes: the automatic captures (alert
+   and webhook triggers) of the node share ``capture.hourly_budget``; a person's requests (user and
+   fleet triggers) count against their requester's own ``capture.user_hourly_budget`` (by
+   ``Trigger.user``, who the control API says asked). So an alert storm cannot
+   leave an operator without a capture, and an operator's tour of the GPUs cannot leave the next
+   incident without one.
 
 ``admit`` checks and, when allowed, takes the node's slot and charges the budget (and, for an alert
 or webhook trigger, starts the cooldown); ``release`` gives the slot back when the capture is over.
-A refusal for the cooldown or the budget says when a trigger like it would be allowed
-(``Decision.allowed_in_s``). Pure logic with an injectable monotonic
-clock; thread-safe (the capture worker and the control API may ask concurrently). With a ledger,
-the budget and the cooldowns are written down at each change and restored at start, so a restart
-does not hand out a fresh budget.
+A refusal for the cooldown or a budget says when a trigger like it would be allowed
+(``Decision.allowed_in_s``, and in its sentence the wall-clock time) and, for a budget, which setting
+raises it. Pure logic with an injectable monotonic clock; thread-safe (the capture worker and the
+control API may ask concurrently). With a ledger, the automatic captures' budget and the cooldowns
+are written down at each change and restored at start, so a restart (a crash loop, a rollout during
+an alert storm) does not hand out a fresh budget. A person's budget lives in memory: their requests
+are authenticated and deliberate, and a restart is an operator's deliberate act too.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from typing import Literal
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.ledger import AdmissionLedger, Admissions
 from gpuscope.capture.model import Trigger
+from gpuscope.capture.refusals import next_allowed
 from gpuscope.common.durations import format_duration, format_wait
 
 log = logging.getLogger(__name__)
@@ -60,9 +67,13 @@ class Decision:
     code: RefusalCode | None = None
     duration_s: float = 0.0  # the length to record, when allowed
     ticket: int = 0
-    # Refused for the cooldown or the budget: seconds until a trigger like this one would be allowed.
+    # Refused for the cooldown or the budget: seconds until a trigger like this one would be allowed,
+    # and that moment on the wall clock (the one value the sentences and the listings show).
     allowed_in_s: float | None = None
-    # Admitted user or fleet request: what it costs the alert captures, for whoever asked ("" otherwise).
+    allowed_at: float | None = None
+    # The refusal as it stays true when read later (the refusal log): the time of day only, no wait.
+    lasting_reason: str = ""
+    # Admitted user or fleet request: what it cost whoever asked (their budget), for them ("" otherwise).
     notice: str = ""
 
 
@@ -72,6 +83,7 @@ class _InFlight:
     trigger: Trigger
     gpu: int | None
     since: float  # monotonic admission time (also what the budget and the cooldown were charged)
+    requester: str | None  # a person's request: whose budget it charged; None: the automatic budget
     starts_cooldown: bool  # an alert or webhook capture: it started its GPU's cooldown
     previous_on_gpu: float | None  # the GPU's cooldown start before this one, restored by a refund
 
@@ -86,7 +98,8 @@ class CapturePolicy:
         self._ledger = ledger
         self._lock = threading.Lock()
         self._in_flight: _InFlight | None = None
-        self._started: deque[float] = deque()  # admission times inside the budget window
+        self._started: deque[float] = deque()  # automatic admission times inside the budget window
+        self._requested: dict[str, deque[float]] = {}  # requester -> their admission times in the window
         self._last_on_gpu: dict[int | None, float] = {}  # gpu -> last alert or webhook admission time
         self._next_ticket = 1
         if restored is not None:
@@ -102,7 +115,7 @@ class CapturePolicy:
         for gpu, at in admissions.last_on_gpu.items():
             self._last_on_gpu[gpu] = now - max(0.0, wall - at)
         if admissions.started or admissions.last_on_gpu:
-            log.info("capture budget restored: %d of %d used in the last hour; cooldowns of %d GPU(s)",
+            log.info("alert capture budget restored: %d of %d used in the last hour; cooldowns of %d GPU(s)",
                      len(self._started), self._config.hourly_budget, len(self._last_on_gpu))
 
     def _persist(self) -> None:
@@ -131,25 +144,37 @@ class CapturePolicy:
             ticket = self._next_ticket
             self._next_ticket += 1
             automatic = _automatic(trigger)
-            self._in_flight = _InFlight(ticket, trigger, gpu, now, automatic, self._last_on_gpu.get(gpu))
-            self._started.append(now)
+            requester = None if automatic else _requester(trigger)
+            self._in_flight = _InFlight(ticket, trigger, gpu, now, requester, automatic,
+                                        self._last_on_gpu.get(gpu))
+            self._charged(requester).append(now)
             if automatic:
                 self._last_on_gpu[gpu] = now
-            self._persist()
-            notice = "" if automatic else self._cost_to_alert_captures()
+                self._persist()
+            notice = "" if requester is None else self._cost_to(requester, now)
             return Decision(True, "", None, decision.duration_s, ticket, notice=notice)
 
-    def _cost_to_alert_captures(self) -> str:
-        """What an admitted user or fleet capture takes from the alert captures (lock held): the hourly
-        budget is theirs too, and none starts while it runs; their cooldown it leaves alone."""
-        budget = self._config.hourly_budget
-        left = max(0, budget - len(self._started))
-        text = (f"this capture uses 1 of the {budget} captures per hour (capture.hourly_budget) that alert "
-                f"captures share: {left} left")
+    def _charged(self, requester: str | None) -> deque[float]:
+        """The admission times a capture is charged to (lock held): the automatic captures', or the
+        requester's own."""
+        if requester is None:
+            return self._started
+        return self._requested.setdefault(requester, deque())
+
+    def _cost_to(self, requester: str, now: float) -> str:
+        """What an admitted user or fleet capture cost whoever asked (lock held): one of their own
+        hourly captures. The alert captures keep their budget and cooldown; none starts while it runs."""
+        budget = self._config.user_hourly_budget
+        started = self._charged(requester)
+        left = max(0, budget - len(started))
+        text = (f"this capture uses 1 of the {budget} on-demand captures per hour for "
+                f"{_requester_name(requester)} (capture.user_hourly_budget): {left} left")
         if left == 0:
-            text += (f"; alert captures are refused for the next "
-                     f"{format_wait(self._started[0] + BUDGET_WINDOW_SECONDS - self._clock())}")
-        return text + ("; alert triggers are refused while it runs; the alert cooldown is not affected")
+            wait = started[0] + BUDGET_WINDOW_SECONDS - now
+            wall_now = self._wall_clock()
+            text += f"; the next is allowed {next_allowed(wall_now + wait, wall_now)}"
+        return text + ("; alert captures have their own budget (capture.hourly_budget) and cooldown, and "
+                       "are refused while it runs")
 
     def release(self, decision: Decision, *, refund: bool = False) -> None:
         """The admitted capture is over: free the node's slot. ``refund``: nothing was attempted (no
@@ -161,8 +186,9 @@ class CapturePolicy:
                 return
             self._in_flight = None
             if refund:
-                if flight.since in self._started:
-                    self._started.remove(flight.since)
+                charged = self._charged(flight.requester)
+                if flight.since in charged:
+                    charged.remove(flight.since)
                 if flight.starts_cooldown and self._last_on_gpu.get(flight.gpu) == flight.since:
                     if flight.previous_on_gpu is None:
                         del self._last_on_gpu[flight.gpu]
@@ -204,20 +230,32 @@ class CapturePolicy:
                 cooldown = format_duration(config.cooldown)
                 return _refuse("cooldown", f"GPU {gpu} is cooling down: last alert capture "
                                            f"{format_wait(now - last)} ago, cooldown {cooldown} "
-                                           "(capture.cooldown); "
-                                           f"next possible in {format_wait(last + config.cooldown - now)}",
-                               allowed_in_s=last + config.cooldown - now)
+                                           "(capture.cooldown)",
+                               allowed_in_s=last + config.cooldown - now, wall_now=self._wall_clock(),
+                               lasting=f"GPU {gpu} is cooling down after an alert capture, cooldown "
+                                       f"{cooldown} (capture.cooldown)")
         self._expire(now)
-        if len(self._started) >= config.hourly_budget:
-            free_at = self._started[0] + BUDGET_WINDOW_SECONDS
-            return _refuse("budget", f"hourly budget used: {len(self._started)} captures in the last hour "
-                                     f"(capture.hourly_budget: {config.hourly_budget}); next possible in "
-                                     f"{format_wait(free_at - now)}", allowed_in_s=free_at - now)
+        if automatic:
+            started, budget, setting = self._started, config.hourly_budget, "capture.hourly_budget"
+            what = "alert and webhook captures"
+        else:
+            requester = _requester(trigger)
+            started, budget = self._requested.get(requester, deque()), config.user_hourly_budget
+            setting = "capture.user_hourly_budget"
+            what = f"on-demand captures by {_requester_name(requester)}"
+        if len(started) >= budget:
+            wait = started[0] + BUDGET_WINDOW_SECONDS - now
+            return _refuse("budget", f"hourly budget used: {len(started)} {what} in the last hour "
+                                     f"({setting}: {budget}, raise it to allow more)",
+                           allowed_in_s=wait, wall_now=self._wall_clock())
         return Decision(True, "", None, length)
 
     def _expire(self, now: float) -> None:
-        while self._started and now - self._started[0] >= BUDGET_WINDOW_SECONDS:
-            self._started.popleft()
+        for started in (self._started, *self._requested.values()):
+            while started and now - started[0] >= BUDGET_WINDOW_SECONDS:
+                started.popleft()
+        for requester in [r for r, started in self._requested.items() if not started]:
+            del self._requested[requester]
 
     # -- state, for the API and logs -----------------------------------------------------------------
 
@@ -226,10 +264,18 @@ class CapturePolicy:
             return self._in_flight is not None
 
     def budget_left(self) -> int:
-        """Captures still allowed in the rolling hour."""
+        """Alert and webhook captures still allowed in the rolling hour."""
         with self._lock:
             self._expire(self._clock())
             return max(0, self._config.hourly_budget - len(self._started))
+
+    def user_budget_left(self, user: str | None) -> int:
+        """On-demand captures ``user`` (None: requests that name no one) may still start in the rolling
+        hour."""
+        with self._lock:
+            self._expire(self._clock())
+            started = self._requested.get(user or "", ())
+            return max(0, self._config.user_hourly_budget - len(started))
 
     def cooldown_left(self, gpu: int | None) -> float:
         """Seconds before an alert or webhook trigger on ``gpu`` may capture again (0: it may now); only
@@ -241,9 +287,29 @@ class CapturePolicy:
             return max(0.0, last + self._config.cooldown - self._clock())
 
 
-def _refuse(code: RefusalCode, reason: str, *, allowed_in_s: float | None = None) -> Decision:
-    wait = None if allowed_in_s is None else max(0.0, allowed_in_s)
-    return Decision(False, reason, code, allowed_in_s=wait)
+def _refuse(code: RefusalCode, reason: str, *, allowed_in_s: float | None = None, wall_now: float = 0.0,
+            lasting: str | None = None) -> Decision:
+    """A refusal; with ``allowed_in_s``, its sentences end with when the next is allowed, from one
+    wall-clock time: the reply's as of now, the lasting one as a time of day."""
+    if allowed_in_s is None:
+        return Decision(False, reason, code)
+    wait = max(0.0, allowed_in_s)
+    allowed_at = wall_now + wait
+    return Decision(False, f"{reason}; the next is allowed {next_allowed(allowed_at, wall_now)}", code,
+                    allowed_in_s=wait, allowed_at=allowed_at,
+                    lasting_reason=f"{lasting or reason}; the next is allowed {next_allowed(allowed_at)}")
+
+
+def _requester(trigger: Trigger) -> str:
+    """Whose budget a person's request is charged to: the user the control API authenticated ("" for
+    requests that name no one, which share one budget)."""
+    return trigger.user or ""
+
+
+def _requester_name(requester: str) -> str:
+    """The requester as the control API named them: 'unix' (whoever may open the control socket),
+    'token' (the TCP listener's token holders)."""
+    return f"requester {requester!r}" if requester else "requests that name no requester"
 
 
 def _automatic(trigger: Trigger) -> bool:

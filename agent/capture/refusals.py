@@ -17,12 +17,14 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from gpuscope.capture.model import Trigger
+from gpuscope.common.durations import format_wait
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,19 @@ class RefusedTrigger:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def next_allowed(allowed_at: float | None, now: float | None = None) -> str:
+    """When a refused trigger's kind is allowed again, in the one wording every place that says it uses
+    (the refusal's sentence, ``captures ls --all``'s NEXT ALLOWED): 'at 14:07:12 UTC (in 53m10s)' as of
+    ``now``; without ``now``, 'at 14:07:12 UTC' (a sentence that stays true however late it is read);
+    'now' once that time has passed; '-' when not known."""
+    if allowed_at is None:
+        return "-"
+    if now is not None and allowed_at <= now:
+        return "now"
+    at = f"at {time.strftime('%H:%M:%S', time.gmtime(math.ceil(allowed_at)))} UTC"
+    return at if now is None else f"{at} (in {format_wait(allowed_at - now)})"
 
 
 class RefusalLog:

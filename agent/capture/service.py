@@ -201,7 +201,7 @@ class CaptureService:
             # An alert whose rule takes no captures was never a capture: counted, not kept.
             kept = cast(RefusalReason, decision.code) if decision.code in _KEPT_POLICY_REFUSALS else None
             return self._refused(request, decision.reason, gpu=gpu, reason=kept,
-                                 allowed_in_s=decision.allowed_in_s)
+                                 allowed_at=decision.allowed_at, lasting=decision.lasting_reason)
         if request.on_mig and request.pid is None and request.target is None:
             gpu_reading, refusal = _on_requested_device(gpu_reading, request, gpu)
             if gpu_reading is None:  # never the whole GPU in its place: other tenants' jobs
@@ -356,21 +356,21 @@ class CaptureService:
         return record
 
     def _refused(self, request: CaptureRequest, message: str, *, gpu: int | None = None,
-                 reason: RefusalReason | None, allowed_in_s: float | None = None) -> CaptureRecord:
-        """The record of a refused request, counted and (``reason`` given) kept in the refusal log."""
+                 reason: RefusalReason | None, allowed_at: float | None = None,
+                 lasting: str = "") -> CaptureRecord:
+        """The record of a refused request, counted and (``reason`` given) kept in the refusal log, in
+        the words that stay true when read later (``lasting``) where they differ from the reply's."""
         self._count(request.trigger.kind, "refused")
         gpu = gpu if gpu is not None else request.gpu
         if reason is not None:
-            self._keep_refusal(request, reason, message, gpu=gpu, allowed_in_s=allowed_in_s)
+            self._keep_refusal(request, reason, lasting or message, gpu=gpu, allowed_at=allowed_at)
         return self._record(request, "refused", gpu=gpu, error=message)
 
     def _keep_refusal(self, request: CaptureRequest, reason: RefusalReason, message: str, *,
-                      gpu: int | None, allowed_in_s: float | None = None) -> None:
-        now = self._wall_clock()
+                      gpu: int | None, allowed_at: float | None = None) -> None:
         self.refusals.add(RefusedTrigger(
-            at=now, trigger=request.trigger, gpu=gpu, reason=reason, message=message,
-            allowed_at=None if allowed_in_s is None else now + allowed_in_s, pid=request.pid,
-            mig_uuid=request.mig_uuid))
+            at=self._wall_clock(), trigger=request.trigger, gpu=gpu, reason=reason, message=message,
+            allowed_at=allowed_at, pid=request.pid, mig_uuid=request.mig_uuid))
 
     def _record(self, request: CaptureRequest, outcome: Outcome, *, gpu: int | None = None,
                 pids: tuple[int, ...] = (), targets: tuple[TargetOutcome, ...] = (),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -28,9 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from gpuscope.capture.config import MAX_DURATION_SECONDS
 from gpuscope.capture.records import CaptureIdError, check_capture_id
+from gpuscope.capture.refusals import next_allowed
+from gpuscope.cli.invocation import command_name
 from gpuscope.cli.progress import progress_line
 from gpuscope.cli.trace_viewers import viewer_hints
-from gpuscope.common.durations import format_duration, format_wait, parse_duration
+from gpuscope.common.durations import format_duration, parse_duration
 from gpuscope.common.lazy_import import lazy_module
 from gpuscope.common.sizes import format_size
 from gpuscope.control.config import DEFAULT_SOCKET
@@ -226,7 +229,7 @@ def _capture(args: argparse.Namespace) -> int:
     else:
         print(format_record(record))
         if record.get("outcome") == "captured":
-            print(f"download: gpuscope captures get {record.get('id')} -o DIR")
+            print(f"download: {command_name()} captures get {record.get('id')} -o DIR")
         if record.get("notice"):  # what it cost the alert captures (their shared budget)
             print(f"note: {record['notice']}")
     return EXIT_OK if record.get("outcome") == "captured" else EXIT_FAILURE
@@ -326,7 +329,7 @@ def _list(args: argparse.Namespace) -> int:
         _print_refused(listing.refused, listing.refused_count)
     elif listing.refused_count:
         print(f"{listing.refused_count} capture trigger(s) refused since the agent started; "
-              "`gpuscope captures ls --all` lists them with the reason")
+              f"`{command_name()} captures ls --all` lists them with the reason")
     return EXIT_OK
 
 
@@ -370,11 +373,13 @@ def _print_refused(refused: list[dict[str, Any]], count: int | None) -> None:
 
 
 def _allowed_in(allowed_at: Any, now: float) -> str:
-    """When a refused trigger's kind is allowed again: "in 14m10s", "now", "-" (unknown)."""
+    """When a refused trigger's kind is allowed again, as the refusal's message says it (the same
+    function, the same time): "at 14:07:12 UTC (in 14m10s)", "now", "-" (unknown)."""
     if isinstance(allowed_at, bool) or not isinstance(allowed_at, (int, float)):
         return "-"
-    wait = allowed_at - now
-    return "now" if wait <= 0 else f"in {format_wait(wait)}"
+    if not math.isfinite(allowed_at):
+        return "-"
+    return next_allowed(float(allowed_at), now)
 
 
 def _print_table(rows: Sequence[Sequence[str]]) -> None:
@@ -404,8 +409,8 @@ def _download(args: argparse.Namespace, output: Path) -> list[str]:
         except ControlError as err:
             if err.code == grpc.StatusCode.NOT_FOUND:
                 raise ControlError(f"{err}; only captures that reached a profiler are stored (a refused "
-                                   "one, or one that found no profiler, is not): `gpuscope captures ls` "
-                                   "lists them", code=err.code) from None
+                                   "one, or one that found no profiler, is not): "
+                                   f"`{command_name()} captures ls` lists them", code=err.code) from None
             raise
 
 

@@ -15,6 +15,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuscope.cli.invocation import command_name
 from gpuscope.common.addresses import AddressError, HostPort, format_host_port, parse_host_port
 from gpuscope.web.server import SERVER_NAME
 
@@ -80,7 +81,8 @@ def accepts(path: Path) -> bool:
 def no_nvml_hints(agent: LocalAgent | None) -> list[str]:
     """What to do when this machine has no NVML: simulate a node, or look at the running agent."""
     lines = ["no NVIDIA driver answered on this machine; to try gpuscope without a GPU, sample a "
-             "simulated node: --simulate NAME (e.g. --simulate demo; `gpuscope scenarios` lists them)"]
+             "simulated node: --simulate NAME (e.g. --simulate demo; "
+             f"`{command_name()} scenarios` lists them)"]
     if agent is not None and agent.url is not None:
         lines.append(f"a gpuscope agent is running here: its latest snapshot is at "
                      f"{agent.url}/api/v1/snapshot")

@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from gpuscope.cli.invocation import command_name
 from gpuscope.common.config_types import ConfigError
 from gpuscope.common.durations import parse_duration
+from gpuscope.common.suggestions import close_matches, did_you_mean
 from gpuscope.config import Settings, load_settings
 from gpuscope.version import __version__
 
@@ -29,8 +32,43 @@ def _duration_flag(text: str) -> float:
         raise argparse.ArgumentTypeError(str(err)) from err
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, with "did you mean" for a mistyped subcommand (an invalid choice)."""
+
+    def error(self, message: str) -> NoReturn:
+        invalid = re.fullmatch(r"(.*invalid choice: '([^']*)') \(choose from (.*)\)", message, re.S)
+        if invalid is not None:
+            hint = did_you_mean(invalid.group(2), re.findall(r"'([^']*)'", invalid.group(3)))
+            if hint:
+                message = f"{invalid.group(1)}{hint}"
+        super().error(message)
+
+
+def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> str:
+    """argparse's "unrecognized arguments" message, with the options of the (sub)command run that are
+    closest to each mistyped one."""
+    options: list[str] = []
+    current: argparse.ArgumentParser | None = parser
+    while current is not None:
+        options += [o for action in current._actions for o in action.option_strings]
+        subcommands = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subcommands[0].dest, None) if subcommands else None
+        current = subcommands[0].choices.get(chosen) if subcommands and chosen else None
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    closest = {typed: matches[0] for typed in (e.split("=", 1)[0] for e in extras if e.startswith("-"))
+               for matches in [close_matches(typed, options)] if matches}
+    if len(closest) == 1:
+        message += f" (did you mean {next(iter(closest.values()))}?)"
+    elif closest:
+        message += f" (did you mean {', '.join(f'{match} for {typed}' for typed, match in closest.items())}?)"
+    return message
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuscope", description="Always-on per-node GPU telemetry agent.")
+    # prog: usage lines and errors name the command as the user ran it (`.venv/bin/gpuscope`, `python -m
+    # gpuscope`) where plain `gpuscope` would not find this program.
+    parser = _Parser(prog=command_name(),
+                                     description="Always-on per-node GPU telemetry agent.")
     parser.add_argument("--version", action="version", version=f"gpuscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 help="What to do (`gpuscope COMMAND -h` describes each).")
@@ -118,7 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _command(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # as parse_args would refuse them, with the closest options named
+        parser.error(_unrecognized(parser, args, extras))
     if args.command in ("capture", "captures"):
         from gpuscope.cli.capture import run_capture_command
 

@@ -18,6 +18,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -238,18 +239,43 @@ def as_csv(report: Report) -> str:
     return out.getvalue()
 
 
-def _cells(row: Row) -> list[str]:
+# The table's summed columns and their decimals: rounded so that the rows add up to the TOTAL.
+_SUMMED = (("held_gpu_hours", 1), ("busy_gpu_hours", 1), ("held_idle_gpu_hours", 1), ("energy_kwh", 2))
+
+
+def largest_remainder(values: Sequence[float], decimals: int) -> list[int]:
+    """``values`` in units of 10**-decimals, rounded so that they add up to their rounded total: each is
+    rounded down, and the units the total still lacks go to the largest remainders (ties: the first)."""
+    scale = 10 ** decimals
+    scaled = [max(0.0, v) * scale for v in values]
+    floors = [math.floor(s) for s in scaled]
+    missing = round(sum(scaled)) - sum(floors)
+    by_remainder = sorted(range(len(scaled)), key=lambda i: (floors[i] - scaled[i], i))
+    for i in by_remainder[:max(0, missing)]:
+        floors[i] += 1
+    return floors
+
+
+def _cells(row: Row, summed: dict[str, int]) -> list[str]:
+    """A row's cells; ``summed``: its summed columns, already rounded (units of their decimals)."""
     efficiency = row.efficiency
-    return [f"{row.held_gpu_hours:.1f}", f"{row.busy_gpu_hours:.1f}",
-            "-" if efficiency is None else f"{efficiency:.0%}", f"{row.held_idle_gpu_hours:.1f}",
-            f"{row.energy_kwh:.2f}", str(row.alerts_fired)]
+    held, busy, idle, energy = (f"{summed[name] / 10 ** decimals:.{decimals}f}" for name, decimals in _SUMMED)
+    shown = "-" if efficiency is None else f"{efficiency:.0%}"
+    return [held, busy, shown, idle, energy, str(row.alerts_fired)]
 
 
 def as_table(report: Report) -> str:
     head = [*report.owner_labels, "HELD GPU-h", "BUSY GPU-h", "EFFICIENCY", "HELD IDLE GPU-h", "ENERGY kWh",
             "ALERTS"]
-    lines = [[*(value or "(none)" for value in row.owner.values()), *_cells(row)] for row in report.rows]
-    lines.append(["TOTAL", *[""] * (len(report.owner_labels) - 1), *_cells(report.total)])
+    # Largest remainder per column: the rows, as printed, add up to the TOTAL as printed, which is
+    # the rounded total of the exact figures (--json and --csv give those).
+    rounded = {name: largest_remainder([getattr(r, name) for r in report.rows], decimals)
+               for name, decimals in _SUMMED}
+    lines = [[*(value or "(none)" for value in row.owner.values()),
+              *_cells(row, {name: rounded[name][i] for name, _ in _SUMMED})]
+             for i, row in enumerate(report.rows)]
+    total = {name: sum(rounded[name]) for name, _ in _SUMMED}
+    lines.append(["TOTAL", *[""] * (len(report.owner_labels) - 1), *_cells(report.total, total)])
     widths = [max(len(line[i]) for line in [head, *lines]) for i in range(len(head))]
     owners = len(report.owner_labels)
 

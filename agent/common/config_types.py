@@ -11,13 +11,14 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from gpuscope.common.addresses import parse_host_port
 from gpuscope.common.durations import parse_duration
 from gpuscope.common.sizes import format_size, parse_size
+from gpuscope.common.suggestions import did_you_mean
 from gpuscope.common.unixfs import MAX_UNIX_SOCKET_PATH_BYTES
 
 # No setting of the agent is meaningful beyond a year, and every timer accepts that much
@@ -106,16 +107,50 @@ ListenAddress = Annotated[str, AfterValidator(_listen_address)]
 PeerAddress = Annotated[str, AfterValidator(_peer_address)]
 
 
-def format_errors(err: ValidationError, *, hidden: Collection[str] = ()) -> list[str]:
+def format_errors(err: ValidationError, *, hidden: Collection[str] = (),
+                  model: type[BaseModel] | None = None) -> list[str]:
     """pydantic's errors as "key.path: reason" lines a person can act on: list items as ``[i]``, the
     offending value shown once. ``hidden`` names location parts that are not keys the user wrote (a
-    union's tags); a check over a whole model may report several problems, one per line."""
+    union's tags); a check over a whole model may report several problems, one per line. ``model``:
+    the model validated, whose keys an unknown key is compared with ("did you mean ...?")."""
     lines = []
     for error in err.errors():
         path = key_path(error["loc"], hidden=hidden)
-        for reason in _reason(error).split("\n"):
-            lines.append(f"{path}: {reason}" if path else reason)
+        reason = _reason(error)
+        if error["type"] == "extra_forbidden" and model is not None and error["loc"]:
+            known = known_keys(model, error["loc"][:-1], hidden=hidden)
+            reason += did_you_mean(str(error["loc"][-1]), known)
+        for line in reason.split("\n"):
+            lines.append(f"{path}: {line}" if path else line)
     return lines
+
+
+def known_keys(model: type[BaseModel], loc: Sequence[int | str], *,
+               hidden: Collection[str] = ()) -> list[str]:
+    """The keys (aliases where set) of the section that ``loc`` leads to from ``model``; [] where the
+    path does not lead to one model (a union of several)."""
+    current = model
+    for part in loc:
+        if isinstance(part, int) or part in hidden or _VALIDATOR_TAG.fullmatch(part):
+            continue  # a list item or a wrapper: the section is the one the field's type names
+        field = next((f for name, f in current.model_fields.items() if part in (name, f.alias)), None)
+        if field is None:
+            continue  # a key of a mapping (dict[str, Section]): its values are the section
+        models = _models_in(field.annotation)
+        if len(models) != 1:
+            return []
+        current = models[0]
+    return [f.alias or name for name, f in current.model_fields.items()]
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field's type holds: itself, or inside Optional, list, dict and Annotated."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    found: list[type[BaseModel]] = []
+    for arg in get_args(annotation):
+        found += [m for m in _models_in(arg) if m not in found]
+    return found
 
 
 def key_path(loc: Sequence[int | str], *, hidden: Collection[str] = ()) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import os
 import stat
@@ -360,6 +361,8 @@ class _Writer:
 
     def __init__(self, out_dir: Path) -> None:
         self._out = out_dir
+        # The output directory and the parents it lacks: made here, and removed again by ``undo``.
+        self._made_out = [p for p in (out_dir, *out_dir.parents) if not os.path.lexists(p)]
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
             self._root = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -416,8 +419,12 @@ class _Writer:
         for parent, name in reversed(self._created_dirs):
             with contextlib.suppress(OSError):
                 os.rmdir(name, dir_fd=self._dirs[parent])
+        for made in self._made_out:  # deepest first
+            with contextlib.suppress(OSError):
+                os.rmdir(made)
         self._created_files.clear()
         self._created_dirs.clear()
+        self._made_out.clear()
 
     def close(self) -> None:
         for fd in self._dirs.values():
@@ -429,7 +436,11 @@ class _Writer:
 def write_chunks(chunks: Iterable[agent_pb2.FileChunk], out_dir: Path) -> list[str]:
     """Write a GetCapture stream under ``out_dir``; the relative paths written, in order. On any error
     (an unsafe path, an existing file, chunks out of order, a broken stream) everything this call
-    created is removed and the error raised (ControlError, or the stream's own)."""
+    created is removed and the error raised (ControlError, or the stream's own). Nothing is created
+    before the stream's first answer: an id the agent does not have leaves ``out_dir`` untouched."""
+    stream = iter(chunks)
+    first = next(stream, None)  # the agent's NOT_FOUND (or any refusal) is raised here
+    chunks = stream if first is None else itertools.chain((first,), stream)
     writer = _Writer(out_dir)
     current: _Open | None = None
     written: list[str] = []

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuscope.report.client import PrometheusClient, PrometheusError
-from gpuscope.report.promql import Queries
+from gpuscope.report.promql import GPU, Queries
 
 HOUR_S = 3600.0
 KWH_J = 3.6e6
@@ -69,6 +69,58 @@ def _value(series: dict[str, Any]) -> float:
     return number if math.isfinite(number) else 0.0
 
 
+def _add(row: Row, column: str, value: float) -> None:
+    """Add one query's figure (seconds, joules, a count) to ``row``'s column, in the row's units."""
+    if column == "held":
+        row.held_gpu_hours += value / HOUR_S
+    elif column == "busy":
+        row.busy_gpu_hours += value / HOUR_S
+    elif column == "held_idle":
+        row.held_idle_gpu_hours += value / HOUR_S
+    elif column == "energy":
+        row.energy_kwh += value / KWH_J
+    else:
+        row.alerts_fired += round(value)
+
+
+def _attribute_time_sliced(client: PrometheusClient, queries: Queries, end: float,
+                           rows: dict[tuple[str, ...], Row]) -> int:
+    """By pod or namespace: move the figures of the processes with no pod on a GPU time-sliced between
+    pods (several gpu_pod_info series) from the row of no owner to those pods, in equal shares; an
+    alert counts for each pod, as each held the GPU. The number of such GPUs with figures moved."""
+    labels = queries.owner_labels
+    nobody = ("",) * len(labels)
+    if queries.by not in ("pod", "namespace") or nobody not in rows:
+        return 0
+    pods: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
+    for series in client.query(queries.pods_of_gpus(), end):
+        metric = series.get("metric", {})
+        pods.setdefault(tuple(str(metric.get(label, "")) for label in GPU), []).append(
+            tuple(str(metric.get(label, "")) for label in labels))
+    shared = {gpu: owners for gpu, owners in pods.items() if len(owners) > 1}
+    if not shared:
+        return 0
+    unowned, moved = rows[nobody], set()
+    for column, promql in replace(queries, by_gpu_too=True).columns().items():
+        for series in client.query(promql, end):
+            metric = series.get("metric", {})
+            gpu = tuple(str(metric.get(label, "")) for label in GPU)
+            owners = shared.get(gpu)
+            if owners is None or tuple(str(metric.get(label, "")) for label in labels) != nobody:
+                continue
+            value = _value(series)
+            moved.add(gpu)
+            # A share per pod (a namespace gets one per pod of it); an alert once per owner.
+            for owner in dict.fromkeys(owners) if column == "alerts" else owners:
+                row = rows.setdefault(owner, Row(owner=dict(zip(labels, owner, strict=True))))
+                _add(row, column, value if column == "alerts" else value / len(owners))
+            _add(unowned, column, -value)
+    if max(abs(unowned.held_gpu_hours), abs(unowned.busy_gpu_hours), abs(unowned.held_idle_gpu_hours),
+           abs(unowned.energy_kwh)) < 1e-9 and unowned.alerts_fired == 0:
+        del rows[nobody]  # everything it held was on time-sliced GPUs
+    return len(moved)
+
+
 def build_report(client: PrometheusClient, queries: Queries, start: float, end: float) -> Report:
     """Query ``client`` for the owners' figures between ``start`` and ``end`` (Unix seconds).
 
@@ -85,17 +137,7 @@ def build_report(client: PrometheusClient, queries: Queries, start: float, end: 
             metric = series.get("metric", {})
             key = tuple(str(metric.get(label, "")) for label in labels)
             row = rows.setdefault(key, Row(owner=dict(zip(labels, key, strict=True))))
-            value = _value(series)
-            if column == "held":
-                row.held_gpu_hours = value / HOUR_S
-            elif column == "busy":
-                row.busy_gpu_hours = value / HOUR_S
-            elif column == "held_idle":
-                row.held_idle_gpu_hours = value / HOUR_S
-            elif column == "energy":
-                row.energy_kwh = value / KWH_J
-            else:
-                row.alerts_fired = round(value)
+            _add(row, column, _value(series))
     if not rows or all(r.held_gpu_hours == 0 and r.busy_gpu_hours == 0 and r.energy_kwh == 0
                        for r in rows.values()):
         raise NoData("no GPU process data in the range: the server has no samples of gpu_process_info "
@@ -104,6 +146,12 @@ def build_report(client: PrometheusClient, queries: Queries, start: float, end: 
     captures = {str(s.get("metric", {}).get("instance", "")): round(_value(s))
                 for s in client.query(queries.captures(), end)}
     notes = []
+    sliced = _attribute_time_sliced(client, queries, end, rows)
+    if sliced:
+        notes.append(f"{sliced} GPU(s) time-sliced between pods: their processes carry no pod (the "
+                     "kubelet does not say which is whose), so their figures are shared evenly among the "
+                     "pods the GPU was allocated to in the range; an alert on such a GPU counts for each "
+                     "of its pods")
     for column in empty:
         if column == "held_idle":
             continue  # nobody held an idle GPU: a fact, not missing data

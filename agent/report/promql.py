@@ -59,6 +59,7 @@ class Queries:
     range_s: int
     step_s: int
     recorded: bool = False
+    by_gpu_too: bool = False  # sum by the GPU's labels as well as the owner's (time-sliced GPUs' shares)
 
     @property
     def owner_labels(self) -> tuple[str, ...]:
@@ -76,7 +77,8 @@ class Queries:
         return f"[{self.range_s}s:{self.step_s}s]"
 
     def _sum(self, expr: str) -> str:
-        return f"sum by ({_labels(self.owner_labels)}) (\n  {expr}\n)"
+        labels = _labels(GPU, self.owner_labels) if self.by_gpu_too else _labels(self.owner_labels)
+        return f"sum by ({labels}) (\n  {expr}\n)"
 
     def held_inner(self) -> str:
         """1 per (GPU, owner) while the owner has at least one process on the GPU."""
@@ -130,6 +132,11 @@ class Queries:
     def idle_energy_joules(self) -> str:
         """The energy no process was given, fleet-wide."""
         return f"sum(increase(gpu_idle_energy_joules_total[{self._range()}]))"
+
+    def pods_of_gpus(self) -> str:
+        """Per GPU, the pods the kubelet allocated it to at any time in the range: several on a GPU
+        time-sliced between pods, whose processes carry no pod labels."""
+        return f"group by ({_labels(GPU, OWNERS['pod'])}) (last_over_time(gpu_pod_info[{self._range()}]))"
 
     def captures(self) -> str:
         """Captures with a stored trace, per node (the series name no GPU, pod or capture id)."""

@@ -32,7 +32,9 @@ class NodeSampling:
             from gpuscope.simulate import Simulation, load_scenario
 
             self.simulation = Simulation(load_scenario(settings.simulate))
-        self.hostname = settings.node_name or socket.gethostname()
+        # A simulated node is named after its scenario (`demo`), not after the machine it runs on.
+        simulated = self.simulation.scenario.name if self.simulation is not None else None
+        self.hostname = settings.node_name or simulated or socket.gethostname()
         self.health = health or SourceHealth()
         try:
             self.pods = self._pod_attribution(settings)
