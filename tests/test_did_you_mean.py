@@ -10,6 +10,8 @@ from gpuscope.cli.main import main
 from gpuscope.common.config_types import ConfigError
 from gpuscope.common.suggestions import did_you_mean
 from gpuscope.config import load_settings
+from gpuscope.simulate.loader import ScenarioError, parse_scenario
+from gpuscope.web.web_config import load_web_config
 
 
 def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -61,3 +63,14 @@ def test_did_you_mean() -> None:
     assert did_you_mean("captrue", ["capture", "captures", "run"]) == " (did you mean capture or captures?)"
     assert did_you_mean("GpuLowUtilisation", ["GpuLowUtilization", "GpuUtilizationSkew"]) == \
         " (did you mean GpuLowUtilization?)", "only the names about as close as the best"
+
+
+def test_a_mistyped_key_of_a_scenario_or_of_the_web_configuration_names_the_closest(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError) as scenario:
+        parse_scenario("duratoin: 60s\ngpus: []\n", source="typo.yml")
+    assert "duratoin: unknown key (did you mean duration?)" in scenario.value.problems
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_user: {}\n")
+    with pytest.raises(ConfigError) as config:
+        load_web_config(web)
+    assert "basic_auth_user: unknown key (did you mean basic_auth_users?)" in config.value.problems

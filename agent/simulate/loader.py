@@ -95,7 +95,7 @@ def parse_scenario(text: str, *, source: str = "<string>", default_name: str = "
         scenario = Scenario.model_validate(data)
     except ValidationError as err:
         # The patterns' names are the tags of a union, not keys the user wrote.
-        raise ScenarioError(source, format_errors(err, hidden=PATTERN_NAMES)) from None
+        raise ScenarioError(source, format_errors(err, hidden=PATTERN_NAMES, model=Scenario)) from None
     if not scenario.name:
         scenario = scenario.model_copy(update={"name": default_name})
     return scenario

@@ -173,7 +173,7 @@ def load_web_config(path: Path) -> WebSecurity:
     try:
         parsed = WebConfigFile.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(str(path), format_errors(err)) from None
+        raise ConfigError(str(path), format_errors(err, model=WebConfigFile)) from None
     return _security(path, parsed)
 
 
