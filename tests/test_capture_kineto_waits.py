@@ -32,7 +32,7 @@ from test_control_api import short_dir as short_directory
 from gpuscope.capture.config import CaptureConfig
 from gpuscope.capture.factory import build_captures
 from gpuscope.capture.kineto.backend import KinetoBackend
-from gpuscope.capture.kineto.daemon import KinetoDaemon
+from gpuscope.capture.kineto.daemon import KinetoDaemon, PendingTrace
 from gpuscope.capture.kineto.trace_wait import MAX_ENTRIES, TooManyEntries, process_alive, scan_trace_dir
 from gpuscope.capture.model import BackendResult, CaptureTarget, Trigger
 from gpuscope.capture.service import CaptureRequest
@@ -107,6 +107,30 @@ def test_a_job_that_exits_during_the_capture_has_exited(daemon: KinetoDaemon, jo
     assert re.fullmatch(rf"pid {job.pid} exited during the capture, [0-9.]+ s after it took the trace "
                         r"config, before writing its trace", result.error or ""), result.error
     assert staged(tmp_path / "out") == []
+
+
+def test_a_job_that_took_the_config_and_exited_before_the_daemon_marked_it_is_not_called_early(
+        daemon: KinetoDaemon, tmp_path: Path) -> None:
+    """Under load the daemon's thread may mark the delivery after the job, its reply read, has exited:
+    the capture waits for that mark instead of saying the job never took the config."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    pid = int(gone.stdout)
+    assert not process_alive(pid)
+    trace = PendingTrace(pid=pid, directory=tmp_path, config=b"", created=time.monotonic(), sending=True)
+
+    def mark_late() -> None:
+        time.sleep(0.3)
+        trace.delivered = time.monotonic()
+        trace.event.set()
+
+    threading.Thread(target=mark_late, daemon=True).start()
+    backend = KinetoBackend(daemon)
+    start = time.monotonic()
+    assert backend._wait_for_delivery(trace, start, start + 5.0, 5.0) is None
+    unsent = PendingTrace(pid=pid, directory=tmp_path, config=b"", created=time.monotonic())
+    result = backend._wait_for_delivery(unsent, start, time.monotonic() + 5.0, 5.0)
+    assert result is not None and result.outcome == "exited", result
 
 
 def test_a_job_that_exits_while_writing_has_exited(daemon: KinetoDaemon, jobs: list[Workload],

@@ -37,6 +37,10 @@ from gpuscope.capture.model import (
 )
 from gpuscope.common.unixfs import safe_file_name
 
+# How long a capture waits for the daemon to mark a config it was sending as delivered, when the
+# process is already gone (the mark follows the send at once; this bounds a thread held up by load).
+_DELIVERY_MARK_S = 1.0
+
 
 class KinetoBackend:
     """CaptureBackend for PyTorch processes registered with ``daemon``. Thread-safe: concurrent
@@ -118,8 +122,10 @@ class KinetoBackend:
                 return BackendResult("unreachable", error=f"pid {pid} did not poll the Kineto daemon "
                                                           f"within the deadline ({deadline_s:g} s)")
             if not process_alive(pid):
-                if trace.event.is_set():
-                    break  # it took the config between the wait and this check, then exited: judged below
+                # It may have taken the config and exited while the daemon's thread, its reply sent, had
+                # not yet marked the delivery: that thread marks it next, so wait for it briefly.
+                if trace.event.is_set() or (trace.sending and trace.event.wait(_DELIVERY_MARK_S)):
+                    break  # it took the config, then exited: judged below
                 return BackendResult("exited", error=f"pid {pid} exited before it took the trace config, "
                                                      f"{time.monotonic() - requested:.1f} s after the "
                                                      "capture was asked for")

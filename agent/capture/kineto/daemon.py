@@ -131,6 +131,9 @@ class PendingTrace:
     config: bytes
     created: float
     delivered: float | None = None
+    # Set (under the daemon's lock) just before the config is sent: the process may take it and exit
+    # before ``delivered`` is set, and a capture that sees it gone must not say it never took it.
+    sending: bool = False
     busy: str | None = None  # why the process cannot take it (it is profiling already)
     finished: bool = False
     event: threading.Event = field(default_factory=threading.Event)  # set on delivery or busy
@@ -386,17 +389,19 @@ class KinetoDaemon:
             if trace is not None and trace.delivered is None and not trace.finished:
                 if not request.profiler_busy:
                     reply = trace.config
+                    trace.sending = True
                 else:
                     trace.busy = (f"pid {trace.pid} is already profiling (its Kineto activity profiler "
                                   "is busy)")
                     trace.event.set()
         sent = self._send(sock, encode_message(TYPE_REQUEST, reply), address)
-        if reply and sent and trace is not None:
+        if reply and trace is not None:
             with self._lock:
-                if not trace.finished:
+                if sent and not trace.finished:
                     trace.delivered = self.clock()
                     self._stats["configs_delivered"] += 1
                     trace.event.set()
+                trace.sending = False
             log.info("Kineto daemon: trace config handed to pid %d", trace.pid)
 
     def _on_context(self, sock: socket.socket, context: ContextMessage, cred: Credentials | None,
