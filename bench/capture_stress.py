@@ -69,11 +69,11 @@ class Job:
 
     def __init__(self, log: Path, extra: list[str]) -> None:
         self.log = log
+        environment = {k: v for k, v in os.environ.items() if k != "KINETO_USE_DAEMON"}  # serve() alone
         with log.open("w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, str(WORKLOAD), "--serve", "0", *extra], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=err, text=True,
-                env={k: v for k, v in os.environ.items() if k != "KINETO_USE_DAEMON"} | {"PYTHONUNBUFFERED": "1"})
+                stdout=subprocess.PIPE, stderr=err, text=True, env={**environment, "PYTHONUNBUFFERED": "1"})
         self.port = 0
 
     def wait_ready(self) -> str | None:
@@ -142,7 +142,8 @@ def trace_problem(response: profiler_service_pb2.ProfileResponse) -> tuple[str |
 
 
 def run_job(index: int, captures: int, args: argparse.Namespace, logs: Path, figures: Figures) -> None:
-    extra = ["--train-threads", str(args.train_threads)] + (["--many-small-ops"] if args.small_ops else [])
+    extra = ["--train-threads", str(args.train_threads), *(["--many-small-ops"] if args.small_ops else []),
+             *args.workload_arg]
     job = Job(logs / f"job-{index}.log", extra)
     figures.jobs += 1
     failed = False
@@ -162,16 +163,19 @@ def run_job(index: int, captures: int, args: argparse.Namespace, logs: Path, fig
         for number in range(captures):
             figures.runs += 1
             started = time.monotonic()
+            response: profiler_service_pb2.ProfileResponse | None
             try:
                 response = capture(job.port, args.duration_ms)
             except grpc.RpcError as err:
+                response = None
+                time.sleep(0.5)  # a job that died has its exit status by now
                 fail(f"capture {number}: {err.code()} {err.details()} (job exit {job.proc.poll()})")
-                continue
-            figures.capture_s.append(time.monotonic() - started)
-            problem, threads = trace_problem(response)
-            figures.threads_seen.append(threads)
-            if problem is not None:
-                fail(f"capture {number}: {problem}")
+            if response is not None:
+                figures.capture_s.append(time.monotonic() - started)
+                problem, threads = trace_problem(response)
+                figures.threads_seen.append(threads)
+                if problem is not None:
+                    fail(f"capture {number}: {problem}")
             if job.proc.poll() is not None:
                 fail(f"exited ({job.proc.returncode}) after capture {number}")
                 figures.runs += captures - number - 1
@@ -180,7 +184,9 @@ def run_job(index: int, captures: int, args: argparse.Namespace, logs: Path, fig
         status = job.finish()
         said = job.log.read_text(errors="replace")
         figures.init_on_another_thread += INIT_ON_ANOTHER_THREAD in said
-        if status != 0 and not failed:
+        if status is None:
+            fail(f"still running {EXIT_TIMEOUT_S:g} s after told to exit")
+        elif status != 0 and not failed:
             fail(f"exit status {status} when told to exit")
         if crash := CRASH.search(said):
             fail(f"crash on its standard error: {said[max(0, crash.start() - 200):crash.end() + 200]!r}")
@@ -204,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="training loops on threads of their own beside the main one (default 2)")
     parser.add_argument("--small-ops", action="store_true",
                         help="the main thread runs small ops back to back, without a pause")
+    parser.add_argument("--workload-arg", action="append", default=[], metavar="ARG",
+                        help="one more argument for the job (tests/workloads/torch_workload.py), repeatable")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--logs", type=Path, help="keep the jobs' standard error here (default: a temporary "
                                                    "folder, kept only when a run failed)")

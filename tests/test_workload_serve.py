@@ -118,9 +118,19 @@ def test_a_job_profiling_itself_is_busy(jobs: dict[str, Workload]) -> None:
 
 def test_serve_in_process_port_stop_and_limits() -> None:
     require_torch()
+    import torch
+
     import gpuscope.workload
 
     server = gpuscope.workload.serve(port=0, host="127.0.0.1", max_duration_s=2.0)
+    stop_stepping = threading.Event()
+
+    def train() -> None:  # a loop without an optimizer marks its steps itself
+        while not stop_stepping.wait(0.01):
+            torch.relu(torch.ones(8, 8) @ torch.ones(8, 8))
+            gpuscope.workload.step()
+
+    stepping = threading.Thread(target=train)
     try:
         assert server.port > 0
         assert server.address == f"127.0.0.1:{server.port}"
@@ -137,9 +147,13 @@ def test_serve_in_process_port_stop_and_limits() -> None:
         with pytest.raises(grpc.RpcError) as raised:
             profile(server.address, 5000)
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        # Terminate ends an active session early. (The first session of a process takes over a
-        # second to start the profiler: not this one.)
-        assert profile(server.address, 100).empty_trace
+        # A session starts and stops at a step boundary: a process that never reached one says so.
+        with pytest.raises(grpc.RpcError) as raised:
+            profile(server.address, 100)
+        assert raised.value.code() == grpc.StatusCode.ABORTED
+        assert "no training step yet" in (raised.value.details() or "")
+        stepping.start()
+        # Terminate ends an active session early, at the next step boundary.
         results: list[profiler_service_pb2.ProfileResponse] = []
         thread = threading.Thread(target=lambda: results.append(profile(server.address, 2000)))
         thread.start()
@@ -156,6 +170,9 @@ def test_serve_in_process_port_stop_and_limits() -> None:
         assert len(results) == 1
         assert time.monotonic() - terminated < 1.0
     finally:
+        stop_stepping.set()
+        if stepping.is_alive():
+            stepping.join()
         server.stop()
     with pytest.raises(grpc.RpcError) as raised:
         profile(server.address, 100, timeout=5)

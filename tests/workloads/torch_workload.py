@@ -7,9 +7,10 @@ main thread. Started with KINETO_USE_DAEMON=1 in its environment, it polls the K
 --idle does no work; --self-profile keeps torch.profiler running over the loop (the job profiles
 itself, so an on-demand capture is busy); --many-small-ops runs small ops back to back, without a
 pause, as a launch-bound job does (its traces are large and slow to write: about 700,000 events a
-second). --train-threads N runs N more training loops, each on its own thread and model, so that
-ops run on several threads at once. Prints "ready" once the loop has run, and exits when its standard input closes, so that it
-never outlives the test that started it.
+second), calling gpuscope.workload.step() every 100 ops when serving. --train-threads N runs N more
+training loops, each on its own thread and model, so that ops run on several threads at once.
+Prints "ready" once the loop has run, and exits when its standard input closes, so that it never
+outlives the test that started it.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def main() -> None:
             x = small
             for _ in range(100):
                 x = torch.relu(x @ small + 1.0) * 0.5
+            if serve_port is not None:  # no optimizer here: the loop says where a step ends
+                gpuscope.workload.step()
     while True:
         step()
         time.sleep(0.005)  # leave the CPU to the test and the profiler's threads
