@@ -55,6 +55,9 @@ DEFAULT_MAX_DURATION_S = 60.0
 _EVENT = re.compile(rb'"cat"\s*:\s*"(?!Trace")')
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _LIVE: set[ProfilerServer] = set()  # the running servers
+# What step() reaches: the profilers of running servers, and of stopped ones whose session the
+# training thread has not stopped yet (only it can).
+_PROFILERS: set[_TorchProfiler] = set()
 _OPTIMIZER_HOOK: list[Any] = []  # the handle of the hook on every optimizer's step, once installed
 
 
@@ -81,6 +84,7 @@ class ProfilerServer:
         that is sent within ``grace`` seconds."""
         self._servicer.terminate()
         self._server.stop(grace).wait()
+        self._servicer.profiler.close()
         _LIVE.discard(self)
 
     def __enter__(self) -> ProfilerServer:
@@ -101,6 +105,7 @@ def serve(port: int = 6009, host: str = "0.0.0.0", *,
     profiler = _TorchProfiler(torch)
     profiler.warm_up()
     _hook_optimizers(torch)
+    _PROFILERS.add(profiler)
     servicer = _ProfilerServicer(profiler, max_duration_s=max_duration_s)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpuscope-profiler"),
@@ -125,8 +130,8 @@ def step() -> None:
     """Marks a step boundary of the calling thread for every running server: where a capture starts
     and stops. Needed only in a loop that does not call a ``torch.optim`` optimizer's ``step()``
     (``serve`` hooks those); call it between two steps, on the thread that runs them."""
-    for server in tuple(_LIVE):
-        server.step()
+    for profiler in tuple(_PROFILERS):
+        profiler.step()
 
 
 def _hook_optimizers(torch: Any) -> None:
@@ -197,6 +202,7 @@ class _TorchProfiler:
         self._lock = threading.Lock()
         self._pending: _Session | None = None  # asked for, not started yet
         self._active: _Session | None = None  # started, or stopped and not yet handed over
+        self._closed = False  # its server stopped
 
     def _experimental_config(self) -> Any:
         make = self.torch._C._profiler._ExperimentalConfig
@@ -238,8 +244,11 @@ class _TorchProfiler:
             self._start(session)
 
     def _take_pending(self) -> _Session | None:
-        """The asked-for session, made the active one; None when another thread took it first."""
+        """The asked-for session, made the active one; None when another thread took it first or the
+        server stopped (then nothing would step it to its end)."""
         with self._lock:
+            if self._closed:
+                return None
             session, self._pending = self._pending, None
             if session is not None:
                 self._active = session
@@ -276,6 +285,17 @@ class _TorchProfiler:
         with self._lock:
             if self._active is session:
                 self._active = None
+            done = self._closed and self._active is None
+        if done:
+            _PROFILERS.discard(self)
+
+    def close(self) -> None:
+        """Its server stopped: step() leaves it alone once no session of it runs."""
+        with self._lock:
+            self._closed = True
+            done = self._active is None
+        if done:
+            _PROFILERS.discard(self)
 
     def record(self, duration_s: float, keep_going: threading.Event) -> tuple[bytes, bool]:
         """Records from the first step boundary for ``duration_s`` (or until ``keep_going`` is
