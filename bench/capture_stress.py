@@ -10,7 +10,9 @@ A run is one capture: the agent's own Profile request (``gpuscope.capture.tsl_cl
 process, so that the first capture of a process, when torch starts Kineto, is taken again and again;
 ``--captures-per-job 1`` makes every run a first capture. ``--load`` busy processes (one Python loop
 each) keep the CPUs contended, so the job's threads are preempted at any point of a profiler start or
-stop. Short captures (``--duration-ms``) put many starts and stops in a run.
+stop. Short captures (``--duration-ms``) put many starts and stops in a run. The job's threads
+train on models of their own; the profiler records the one that reached the step boundary where
+the capture started (``training_threads_seen_min``: the fewest threads with training ops in a trace).
 
 A run fails when the job exits before it is told to, the RPC fails, the answer is not one gzip
 Chrome trace with the training loop's ops in it, or the job, told to exit, exits other than 0 or
