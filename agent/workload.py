@@ -262,8 +262,9 @@ class _TorchProfiler:
             profile = self.torch.profiler.profile(activities=self.activities,
                                                   experimental_config=self._experimental_config())
             profile.start()
-        except RuntimeError as err:
-            session.error = f"{BUSY_MESSAGE} ({err})"
+        except Exception as err:  # anything: this runs in the job's training step, which must go on
+            session.error = f"{BUSY_MESSAGE} ({err})" if isinstance(err, RuntimeError) else \
+                f"the profiler did not start: {type(err).__name__}: {err}"
             self._release(session)
         else:
             session.profile = profile
@@ -274,8 +275,8 @@ class _TorchProfiler:
     def _stop(self, session: _Session) -> None:
         try:
             session.profile.stop()
-        except RuntimeError as err:  # never expected: the session is this thread's
-            session.error = f"the profiler did not stop: {err}"
+        except Exception as err:  # never expected (the session is this thread's); the step goes on
+            session.error = f"the profiler did not stop: {type(err).__name__}: {err}"
         with self._lock:  # against record() giving up on it at this moment
             session.stopped.set()
             dropped = session.abandoned
@@ -316,8 +317,8 @@ class _TorchProfiler:
                 if withdrawn:
                     self._pending = None
             if withdrawn:
-                if self.stepped.is_set():
-                    return b"", False  # the job reached no step boundary while asked: nothing ran
+                if self.stepped.is_set() or not keep_going.is_set():
+                    return b"", False  # no step boundary came while asked (or it was called off)
                 raise _NotRecorded(
                     "this process has reached no training step yet: a capture starts and stops at step "
                     "boundaries (a torch.optim optimizer's step, or gpuscope.workload.step())")
