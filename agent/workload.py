@@ -160,8 +160,8 @@ class _NotRecorded(Exception):
 # runs on every op, and stopping it from another thread (the server's) frees the profiler's state
 # while a training thread is inside an op that still writes to it. Up to PyTorch 2.13 at least, that
 # is a use-after-free: the job dies of SIGSEGV or of glibc's heap checks ("malloc(): unsorted double
-# linked list corrupted", SIGABRT): one job in 50, 200 captures under CPU load (bench/capture_stress.py;
-# PyTorch's fixes, pytorch/pytorch pull requests 187483 and 188172, are not in the 2.13.0 measured).
+# linked list corrupted", SIGABRT): once in 800 captures under CPU load (bench/capture_stress.py), but
+# never is the only acceptable rate (PyTorch's fixes: pytorch/pytorch pull requests 187483, 188172).
 # A profiler started and stopped by the training thread itself, between two steps, is the ordinary use of
 # torch.profiler (thread-local callbacks, no op in flight on that thread, the autograd threads follow
 # it): nothing for the training thread to race with. The price: a capture waits for a step boundary,
