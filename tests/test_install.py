@@ -140,6 +140,7 @@ client.start()
 x = torch.randn(64, 64)
 while not done.is_set():
     x = torch.relu(x @ x).clamp(max=1.0)
+    gpuscope.workload.step()  # no optimizer here: the loop says where a step ends
 client.join()
 server.stop()
 reply = replies[0]

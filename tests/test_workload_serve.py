@@ -118,9 +118,19 @@ def test_a_job_profiling_itself_is_busy(jobs: dict[str, Workload]) -> None:
 
 def test_serve_in_process_port_stop_and_limits() -> None:
     require_torch()
+    import torch
+
     import gpuscope.workload
 
     server = gpuscope.workload.serve(port=0, host="127.0.0.1", max_duration_s=2.0)
+    stop_stepping = threading.Event()
+
+    def train() -> None:  # a loop without an optimizer marks its steps itself
+        while not stop_stepping.wait(0.01):
+            torch.relu(torch.ones(8, 8) @ torch.ones(8, 8))
+            gpuscope.workload.step()
+
+    stepping = threading.Thread(target=train)
     try:
         assert server.port > 0
         assert server.address == f"127.0.0.1:{server.port}"
@@ -137,15 +147,20 @@ def test_serve_in_process_port_stop_and_limits() -> None:
         with pytest.raises(grpc.RpcError) as raised:
             profile(server.address, 5000)
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        # Terminate ends an active session early. (The first session of a process takes over a
-        # second to start the profiler: not this one.)
-        assert profile(server.address, 100).empty_trace
+        # A session starts and stops at a step boundary: a process that never reached one says so.
+        with pytest.raises(grpc.RpcError) as raised:
+            profile(server.address, 100)
+        assert raised.value.code() == grpc.StatusCode.ABORTED
+        assert "no training step yet" in (raised.value.details() or "")
+        stepping.start()
+        # Terminate ends an active session early, at the next step boundary.
         results: list[profiler_service_pb2.ProfileResponse] = []
         thread = threading.Thread(target=lambda: results.append(profile(server.address, 2000)))
         thread.start()
         end = time.monotonic() + 10
-        while server._servicer._current is None and time.monotonic() < end:  # the session is on
-            time.sleep(0.01)
+        profiler = server._servicer.profiler
+        while (profiler._active is None or not profiler._active.started.is_set()) and time.monotonic() < end:
+            time.sleep(0.01)  # until the session is on (the stepping thread started it)
         time.sleep(0.2)
         terminated = time.monotonic()
         with grpc.insecure_channel(server.address) as channel:
@@ -156,10 +171,57 @@ def test_serve_in_process_port_stop_and_limits() -> None:
         assert len(results) == 1
         assert time.monotonic() - terminated < 1.0
     finally:
+        stop_stepping.set()
+        if stepping.is_alive():
+            stepping.join()
         server.stop()
     with pytest.raises(grpc.RpcError) as raised:
         profile(server.address, 100, timeout=5)
     assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert server._servicer.profiler not in gpuscope.workload._PROFILERS  # step() no longer reaches it
+    assert not torch.autograd.profiler._is_profiler_enabled
+
+
+def test_a_session_records_and_is_stopped_by_the_thread_that_reached_the_step_boundary() -> None:
+    require_torch()
+    import torch
+
+    import gpuscope.workload
+
+    profiler = gpuscope.workload._TorchProfiler(torch)
+    profiler.step()  # this process steps: a session waits for a boundary past its length
+    keep_going = threading.Event()
+    keep_going.set()
+    results: list[tuple[bytes, bool]] = []
+    asked = threading.Thread(target=lambda: results.append(profiler.record(0.05, keep_going)))
+    asked.start()
+    while profiler._pending is None:  # the server's thread has asked for a session
+        time.sleep(0.01)
+    owner_steps, owner_done = threading.Event(), threading.Event()
+
+    def owner() -> None:  # a training thread: its step boundary starts the session, its next one ends it
+        profiler.step()
+        torch.relu(torch.ones(8, 8) @ torch.ones(8, 8))
+        owner_steps.wait()
+        profiler.step()
+        owner_done.set()
+
+    training = threading.Thread(target=owner)
+    training.start()
+    while profiler._active is None or not profiler._active.started.is_set():
+        time.sleep(0.01)
+    session = profiler._active
+    time.sleep(0.1)  # past the session's length
+    torch.addmm(torch.ones(8), torch.ones(8, 8), torch.ones(8, 8))  # another thread's op: not recorded
+    profiler.step()  # another thread's step boundary does not stop it
+    assert not session.stopped.is_set() and results == []
+    owner_steps.set()
+    training.join()
+    asked.join()
+    (trace, has_events), = results
+    names = {str(e.get("name")) for e in json.loads(gzip.decompress(trace))["traceEvents"]}
+    assert has_events and {"aten::mm", "aten::relu"} <= names and "aten::addmm" not in names
+    assert profiler._active is None and not torch.autograd.profiler._is_profiler_enabled
 
 
 def test_the_agents_backend_stores_the_chrome_trace(jobs: dict[str, Workload], tmp_path: Path) -> None:
