@@ -20,12 +20,13 @@ import tempfile
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import pytest
 import yaml
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from gpuscope.simulate.loader import (
     MAX_EXPANDED_NODES,
@@ -143,12 +144,33 @@ def paths(node: Any, prefix: tuple[str | int, ...] = ()) -> Iterator[tuple[str |
 
 
 def mapping_paths(document: dict[str, Any]) -> list[tuple[str | int, ...]]:
-    """The root and every mapping under it."""
+    """The root and every mapping under it that stands for a model (whose keys are the schema's), not
+    for data (``nvlink.errors``: error type -> count, whose keys the field's own check judges)."""
     found: list[tuple[str | int, ...]] = [()]
     for path in paths(document):
-        if isinstance(get(document, path), dict):
+        if isinstance(get(document, path), dict) and not is_data_mapping(path):
             found.append(path)
     return found
+
+
+def is_data_mapping(path: tuple[str | int, ...]) -> bool:
+    """Whether ``path`` leads to a field of the scenario's models typed as a dict."""
+    model: type[BaseModel] = Scenario
+    for position, part in enumerate(path):
+        if isinstance(part, int):
+            continue  # a list's item: the model stays the list's item type
+        field = model.model_fields.get(part)
+        if field is None:
+            return False
+        annotation = field.annotation
+        if get_origin(annotation) is dict:
+            return position == len(path) - 1
+        if get_origin(annotation) is list:
+            annotation = get_args(annotation)[0]
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return False  # a union (a pattern) or a scalar: not followed
+        model = annotation
+    return False
 
 
 def get(node: Any, path: tuple[str | int, ...]) -> Any:
@@ -218,6 +240,13 @@ def test_a_broken_node_is_named_by_its_key_path(document: dict[str, Any], data: 
     if path[-1] == "pattern":  # a pattern's tag: its pattern is named, "... found using 'pattern' ..."
         where = dotted(path[:-1])
     assert any(p.startswith((f"{where}:", f"{where}.", f"{where}[")) for p in problems), (where, problems)
+
+
+def test_data_mappings_are_told_from_models() -> None:
+    assert is_data_mapping(("gpus", 0, "nvlink", "errors"))
+    assert is_data_mapping(("gpus", 0, "health", "pcie_errors"))
+    assert not is_data_mapping(("gpus", 0, "nvlink"))
+    assert not is_data_mapping(("gpus", 0))
 
 
 @FUZZ
