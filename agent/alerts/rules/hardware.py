@@ -16,8 +16,20 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
+from typing import ClassVar, TypeVar
 
 from gpuscope.alerts.history import NodeHistory
+from gpuscope.alerts.model import Condition
+from gpuscope.alerts.rules.base import (
+    ForDuration,
+    Rule,
+    RuleConfig,
+    WindowDuration,
+    clear_for_field,
+    for_field,
+    window_field,
+)
+from gpuscope.common.durations import format_duration
 from gpuscope.snapshot import GpuReading
 
 # Changes kept per counter: ample for a counter rising at every evaluation of a 1h window at 1 s.
@@ -93,3 +105,45 @@ class CounterIncreases:
         present = set(uuids)
         for key in [k for k in self._counters if k[0] not in present]:
             del self._counters[key]
+
+
+class CounterRuleConfig(RuleConfig):
+    """An error-counter rule's settings: an error keeps the alert up for the window it stays in, as
+    PromQL's ``increase()`` over the same range does; it fires at once and clears at once."""
+
+    window: WindowDuration = window_field(600.0)
+    for_: ForDuration = for_field(0.0)
+    clear_for: ForDuration = clear_for_field(0.0)
+
+
+CounterConfigT = TypeVar("CounterConfigT", bound=CounterRuleConfig)
+
+
+class CounterRule(Rule[CounterConfigT]):
+    """A rule judged on how much a GPU's error counters rose over its window, from its own record of
+    the counters' changes (``CounterIncreases``): the history keeps neither points nor marks for it.
+    A subclass says, in ``judge``, what in the increases fires."""
+
+    captures_by_default: ClassVar[bool] = False  # hardware: a profiler trace cannot show it
+
+    def __init__(self, config: CounterConfigT) -> None:
+        super().__init__(config)
+        self.window_seconds = None
+        self.counted_seconds = config.window
+        self.over_text = format_duration(config.window)
+        self.counters = CounterIncreases(self.counted_seconds)
+
+    def evaluate(self, history: NodeHistory, active: frozenset[int]) -> dict[int, Condition]:
+        out = {}
+        self.counters.keep(history.uuid(gpu) for gpu in history.present)
+        for gpu in sorted(history.up):
+            reading = latest_reading(history, gpu)
+            if reading is None:
+                continue
+            condition = self.judge(gpu, reading, history.now)
+            if condition is not None:
+                out[gpu] = condition
+        return out
+
+    def judge(self, gpu: int, reading: GpuReading, now: float) -> Condition | None:
+        raise NotImplementedError
