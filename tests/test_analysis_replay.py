@@ -112,10 +112,16 @@ def test_fixes_do_not_move_an_unlinked_trace_device() -> None:
     assert any("no correlation ids" in text for text in prediction.assumptions)
 
 
-def test_closing_launch_gaps_never_lengthens_a_step() -> None:
-    graph = graph_of("deep_narrow_mlp")
-    prediction = predict(graph, [close_launch_gaps])
-    assert prediction.after_us <= prediction.before_us * 1.0001
+def test_closing_launch_gaps_leaves_a_launch_bound_step_its_device_time() -> None:
+    """deep_narrow_mlp: 6.1 ms of kernels a step in 29.6 ms, the device idle between 584 launches."""
+    prediction = predict(graph_of("deep_narrow_mlp"), [close_launch_gaps])
+    assert 2.5 < prediction.speedup < 4.5
+    assert prediction.after_us > 6.1e3  # never below the device's own work
+
+
+def test_closing_launch_gaps_wins_nothing_on_a_device_bound_step() -> None:
+    prediction = predict(graph_of("healthy_mlp_bf16"), [close_launch_gaps])
+    assert 0 <= prediction.won_back < 0.02
 
 
 def test_a_negative_scale_is_refused() -> None:
