@@ -129,13 +129,13 @@ def step_time(graph: StepGraph, replayed: Replayed) -> float:
     """The replayed mean step time: the host's (its step markers, replayed), and no less than the
     device's work for a step as the replay compresses or stretches it (the measured step time scaled by
     the device span's change): a host that runs ahead waits for the device in the end (a full launch
-    queue, a synchronisation at the next step)."""
-    host = mean(step_times(graph, replayed))
+    queue, a synchronisation at the next step), nor than the floor a fix set."""
+    host = max(mean(step_times(graph, replayed)), graph.floor_us)
     measured_span = device_span(graph)
     if measured_span <= 0:
         return host
-    floor = mean(step_times(graph)) * device_span(graph, replayed) / measured_span
-    return max(host, floor)
+    device = mean(step_times(graph)) * device_span(graph, replayed) / measured_span
+    return max(host, device)
 
 
 def mean(values: Iterable[float]) -> float:

@@ -82,14 +82,23 @@ def close_launch_gaps(graph: StepGraph) -> StepGraph:
     return fixed
 
 
-def prefetch_input(graph: StepGraph, pattern: re.Pattern[str] = INPUT_OP) -> StepGraph:
+def prefetch_input(graph: StepGraph, workers: int = 1, pattern: re.Pattern[str] = INPUT_OP) -> StepGraph:
     """input_bound: the input wait (``DataLoader.__next__``, ``IteratorGetNext`` ...) leaves the step's
-    thread: a background loader prepares the next batch while the device runs this one. Its time is
-    taken out of the host work between the calls it lies in; ``predict`` keeps the step no shorter than
-    the loader's time per step (one loader that must keep up)."""
+    thread: ``workers`` background loaders prepare the next batches while the device runs this one.
+    Its time is taken out of the host work between the calls it lies in, and the step is no shorter
+    than the loaders' time per step (each as fast as the step's thread was, in parallel)."""
+    if workers < 1:
+        raise ValueError(f"prefetch_input: workers must be >= 1, not {workers}")
     spans = _host_spans(graph.trace, lambda name: pattern.search(name) is not None)
-    return _shorten_host_work(graph, spans, "input_bound: the input wait runs in a background loader "
-                              "that prefetches (the step no shorter than its time per step)")
+    fixed = _shorten_host_work(graph, spans, f"input_bound: the input wait runs in {workers} background "
+                               "loader(s) that prefetch")
+    steps = graph.steps.steps
+    if steps:
+        per_step = sum(s.covered(steps[0].start, steps[-1].end) for s in spans.values()) / len(steps)
+        fixed.floor_us = max(fixed.floor_us, per_step / workers)
+        fixed.assumptions.append(f"input_bound: the loaders need {per_step / 1e3:.1f} ms a step, "
+                                 f"{per_step / workers / 1e3:.1f} ms with {workers}: the step is no shorter")
+    return fixed
 
 
 def overlap_untraced_host(graph: StepGraph) -> StepGraph:
@@ -157,18 +166,7 @@ def predict(trace: Trace | StepGraph, fixes: Sequence[Fix]) -> Prediction:
     for fix in fixes:
         fixed = fix(fixed)
     after = step_time(fixed, replay(fixed))
-    if prefetch_input in fixes:
-        after = max(after, _input_per_step(graph))
     return Prediction(before, after, tuple(fixed.assumptions))
-
-
-def _input_per_step(graph: StepGraph) -> float:
-    spans = _host_spans(graph.trace, lambda name: INPUT_OP.search(name) is not None)
-    marks = graph.steps.steps
-    if not marks:
-        return 0.0
-    total = sum(s.covered(marks[0].start, marks[-1].end) for s in spans.values())
-    return total / len(marks)
 
 
 def _host_spans(trace: Trace, wanted: Callable[[str], bool]) -> dict[int, IntervalSet]:

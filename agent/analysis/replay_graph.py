@@ -73,6 +73,9 @@ class StepGraph:
     device_gap: float = DEFAULT_DEVICE_GAP_US
     linked: int = 0  # device nodes tied to a launch call
     assumptions: list[str] = field(default_factory=list)
+    # The least a step can take whatever the replay says (a background loader's own time per step),
+    # microseconds; a fix sets it.
+    floor_us: float = 0.0
 
     def __len__(self) -> int:
         return len(self.start)
@@ -85,7 +88,7 @@ class StepGraph:
             array("d", self.launch_lag), array("q", self.cross), array("d", self.cross_lag),
             {k: list(v) for k, v in self.waits.items()}, dict(self.sync_overhead), dict(self.sync_tail),
             self.order, self.host_tracks, self.launch_latency, self.device_gap, self.linked,
-            list(self.assumptions))
+            list(self.assumptions), self.floor_us)
 
     def end(self, i: int) -> float:
         return self.start[i] + self.dur[i]
