@@ -87,15 +87,21 @@ def boundaries(graph: StepGraph, replayed: Replayed | None = None) -> list[float
 
 def _host_time(graph: StepGraph, replayed: Replayed, on_track: list[int], starts: list[float],
                mark: float) -> float:
-    """Where a measured time on the marking thread lands in the replay: moved as the last call on the
-    thread before it moved (by its end's shift once it has ended, by its start's within it)."""
+    """Where a measured time on the marking thread lands in the replay: within a call, moved as its
+    start; between two calls, at the same fraction of the time between them (which a fix may have
+    shortened)."""
     at = bisect_right(starts, mark) - 1
     if at < 0:
         return mark
     i = on_track[at]
-    if mark >= graph.end(i):
+    if mark < graph.end(i):
+        return mark + replayed.start[i] - graph.start[i]
+    if at + 1 == len(on_track):
         return mark + replayed.end[i] - graph.end(i)
-    return mark + replayed.start[i] - graph.start[i]
+    following = on_track[at + 1]
+    gap = graph.start[following] - graph.end(i)
+    scale = (replayed.start[following] - replayed.end[i]) / gap if gap > 0 else 0.0
+    return replayed.end[i] + (mark - graph.end(i)) * scale
 
 
 def device_span(graph: StepGraph, replayed: Replayed | None = None) -> float:

@@ -16,7 +16,7 @@ from gpuscope.analysis.intervals import IntervalSet
 from gpuscope.analysis.model import Kind, Trace
 from gpuscope.analysis.patterns import INPUT_OP
 from gpuscope.analysis.replay import replay, step_time
-from gpuscope.analysis.replay_graph import DEVICE, HOST, SYNC, StepGraph, build_graph
+from gpuscope.analysis.replay_graph import DEVICE, HOST, StepGraph, build_graph
 
 Fix = Callable[[StepGraph], StepGraph]
 NEVER = float("-inf")
@@ -102,18 +102,21 @@ def prefetch_input(graph: StepGraph, workers: int = 1, pattern: re.Pattern[str] 
 
 
 def overlap_untraced_host(graph: StepGraph) -> StepGraph:
-    """host_bound: the host time outside any traced operation on each thread (Python between calls)
-    overlaps the device's work, as when it moves out of the step's critical path (prefetching,
-    asynchronous logging, a compiled step)."""
+    """host_bound: the host time outside any traced operation on the thread that dispatches the steps
+    (Python between calls: a generator that makes the next batch, logging) overlaps the device's work,
+    as when it moves out of the step's critical path (prefetching, asynchronous logging, a compiled
+    step). Every host thread's, when the trace marks no dispatching thread."""
     traced = _host_spans(graph.trace, lambda name: True)
+    dispatching = graph.steps.track
+    tracks = [dispatching] if dispatching in graph.host_tracks else graph.host_tracks
     untraced: dict[int, IntervalSet] = {}
-    for track in graph.host_tracks:
+    for track in tracks:
         own = [i for i in range(len(graph)) if graph.kind[i] != DEVICE and graph.track[i] == track]
         if own:
             whole = IntervalSet.merge([(graph.start[own[0]], graph.end(own[-1]))])
             untraced[track] = whole.difference(traced.get(track, IntervalSet.empty()))
-    return _shorten_host_work(graph, untraced, "host_bound: the host time outside traced operations "
-                              "overlaps the device's work")
+    return _shorten_host_work(graph, untraced, "host_bound: the host time outside traced operations on "
+                              "the dispatching thread overlaps the device's work")
 
 
 def scale_op(graph: StepGraph, op: str, factor: float = 0.0) -> StepGraph:
@@ -181,20 +184,24 @@ def _host_spans(trace: Trace, wanted: Callable[[str], bool]) -> dict[int, Interv
 
 
 def _shorten_host_work(graph: StepGraph, spans: dict[int, IntervalSet], assumption: str) -> StepGraph:
-    """The host work between consecutive calls on each thread less the time ``spans`` cover in it."""
+    """The host work between consecutive calls on each thread less the time ``spans`` cover in it; the
+    lag of a cross-thread wait less what they cover on the thread waited for (its work before it let
+    the other go)."""
     fixed = graph.copy()
     removed = 0.0
     for i in range(len(fixed)):
-        prev = fixed.prev[i]
-        if fixed.kind[i] not in (HOST, SYNC) or prev < 0:
+        if fixed.kind[i] == DEVICE:
             continue
+        prev, other = fixed.prev[i], fixed.cross[i]
         covered = spans.get(fixed.track[i])
-        if covered is None:
-            continue
-        cut = covered.covered(graph.end(prev), graph.start[i])
-        if cut > 0:
-            fixed.prev_lag[i] = max(0.0, fixed.prev_lag[i] - cut)
-            removed += cut
+        if prev >= 0 and covered is not None:
+            cut = covered.covered(graph.end(prev), graph.start[i])
+            if cut > 0:
+                fixed.prev_lag[i] = max(0.0, fixed.prev_lag[i] - cut)
+                removed += cut
+        covered = spans.get(fixed.track[other]) if other >= 0 else None
+        if covered is not None:
+            cut = covered.covered(graph.end(other), graph.start[i])
+            fixed.cross_lag[i] = max(0.0, fixed.cross_lag[i] - cut)
     fixed.assumptions.append(f"{assumption} ({removed / 1e3:.1f} ms of host work taken out)")
     return fixed
-

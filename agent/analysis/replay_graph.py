@@ -3,9 +3,10 @@ time it took measured from the trace.
 
 Nodes, each with its measured start and duration:
 
-- host calls: the CUDA runtime calls of each host thread (launches, copies, the rest), in order on
-  their thread. The host work between two calls (the framework's operators, Python, the DataLoader)
-  is the lag of the edge from one call to the next: it keeps its measured length.
+- host calls: the CUDA runtime calls of each host thread (launches, copies, the rest), and the host
+  operations that started device work, in order on their thread. The host work between two calls
+  (the framework's operators, Python, the DataLoader) is the lag of the edge from one call to the
+  next: it keeps its measured length.
 - synchronisations: the calls that block the host until the device is done (``cudaStreamSynchronize``,
   ``cudaDeviceSynchronize``, ``cudaEventSynchronize``, a blocking ``cudaMemcpy``; the wait inside
   ``.item()`` or ``nonzero``). They wait for the device work launched before them that had not ended
@@ -23,7 +24,8 @@ what the edge would take if it became the binding one.
 
 Cross-thread order is inferred: a host call after a long pause on its thread that follows another
 thread's call ending in that pause (the main thread waiting for the autograd engine's backward pass,
-the autograd thread started by ``backward()``) waits for that call.
+the autograd thread started by ``backward()``, a PjRt worker given a transfer) waits for that call;
+of the pause, only the time the thread's traced operations cover is its own work.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
+from gpuscope.analysis.intervals import IntervalSet
 from gpuscope.analysis.model import DEVICE_KINDS, Kind, Trace
 from gpuscope.analysis.patterns import SYNC_RUNTIME
 from gpuscope.analysis.steps import Steps, find_steps
@@ -131,25 +134,30 @@ def build_graph(trace: Trace) -> StepGraph:
 
 
 def _host_calls(graph: StepGraph) -> dict[int, int]:
-    """The runtime calls as host nodes (a call nested in another on its thread, a driver call under a
-    runtime one, is part of it); returns the node of each correlation id."""
+    """The runtime calls, and the host operations that started device work (an XSpace transfer's host
+    side carries its correlation id), as host nodes in order on their thread (a call nested in another,
+    a driver call under a runtime one, is part of it); returns the node of each correlation id."""
     trace = graph.trace
-    runtime, names = trace.spans[Kind.RUNTIME], trace.names
+    runtime, ops, names = trace.spans[Kind.RUNTIME], trace.spans[Kind.HOST_OP], trace.names
     sync_names = {i for i, name in enumerate(names) if SYNC_RUNTIME.match(name)}
+    calls = [(runtime.start[i], runtime.dur[i], runtime.track[i], runtime.name[i], runtime.corr[i])
+             for i in range(len(runtime))]
+    calls.extend((ops.start[i], ops.dur[i], ops.track[i], ops.name[i], ops.corr[i])
+                 for i in range(len(ops)) if ops.corr[i] >= 0)
+    calls.sort(key=lambda call: (call[0], -call[1]))
     last: dict[int, int] = {}
     by_corr: dict[int, int] = {}
-    for i in range(len(runtime)):
-        track, start, dur = runtime.track[i], runtime.start[i], runtime.dur[i]
+    for start, dur, track, name, corr in calls:
         before = last.get(track, -1)
         if before >= 0 and start < graph.end(before) - EPSILON_US:
-            if runtime.corr[i] >= 0:
-                by_corr.setdefault(runtime.corr[i], before)
+            if corr >= 0:
+                by_corr.setdefault(corr, before)
             continue
-        node = graph._add(SYNC if runtime.name[i] in sync_names else HOST, track, runtime.name[i], start, dur)
+        node = graph._add(SYNC if name in sync_names else HOST, track, name, start, dur)
         graph.prev[node] = before
         last[track] = node
-        if runtime.corr[i] >= 0:
-            by_corr[runtime.corr[i]] = node
+        if corr >= 0:
+            by_corr[corr] = node
     graph.host_tracks = sorted(last)
     return by_corr
 
@@ -238,12 +246,15 @@ def _synchronisations(graph: StepGraph) -> None:
 
 def _cross_thread(graph: StepGraph) -> None:
     """A host call after a pause of its thread waits for the last call of another thread that ended in
-    the pause; the pause up to that call's end is taken for waiting, not the thread's own work."""
+    the pause. The thread's own work in the pause is the time its traced operations cover there: the
+    rest of the pause was waiting (the main thread during the backward pass, a worker thread idle
+    until given work)."""
     if len(graph.host_tracks) < 2:
         return
     host = [i for i in range(len(graph)) if graph.kind[i] != DEVICE]
     ends = sorted((graph.end(i), i) for i in host)
     end_times = [e for e, _ in ends]
+    busy = _operations_by_thread(graph.trace)
     for i in host:
         prev = graph.prev[i]
         if prev < 0:
@@ -261,4 +272,13 @@ def _cross_thread(graph: StepGraph) -> None:
         lag = at - graph.end(other)
         graph.cross[i] = other
         graph.cross_lag[i] = lag
-        graph.prev_lag[i] = min(graph.prev_lag[i], lag)
+        own = busy[graph.track[i]].covered(pause_from, at) if graph.track[i] in busy else 0.0
+        graph.prev_lag[i] = min(graph.prev_lag[i], lag, own)
+
+
+def _operations_by_thread(trace: Trace) -> dict[int, IntervalSet]:
+    ops = trace.spans[Kind.HOST_OP]
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for i in range(len(ops)):
+        spans.setdefault(ops.track[i], []).append((ops.start[i], ops.start[i] + ops.dur[i]))
+    return {track: IntervalSet.merge(found) for track, found in spans.items()}
