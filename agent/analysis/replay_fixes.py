@@ -1,8 +1,8 @@
 """The fixes a finding proposes, as changes to a trace's dependency graph, and what replaying them
 predicts: the step time before and after, and the share of it won back.
 
-Each fix returns a changed copy of the graph and adds what it assumes to ``graph.assumptions``, so that
-a report can say on what its estimate rests.
+Each fix returns a changed copy of the graph and adds what it assumes to ``graph.assumptions``
+(``Assumption``: the fix's name and the text), so that a report can say on what its estimate rests.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from gpuscope.analysis.intervals import IntervalSet
 from gpuscope.analysis.model import Kind, Trace
 from gpuscope.analysis.patterns import INPUT_OP
 from gpuscope.analysis.replay import replay, step_time
-from gpuscope.analysis.replay_graph import DEVICE, HOST, StepGraph, build_graph
+from gpuscope.analysis.replay_graph import DEVICE, HOST, Assumption, StepGraph, build_graph
 
 Fix = Callable[[StepGraph], StepGraph]
 NEVER = float("-inf")
@@ -30,8 +30,8 @@ def remove_host_syncs(graph: StepGraph) -> StepGraph:
     removed = sum(1 for waits in fixed.waits.values() if waits)
     for sync in fixed.waits:
         fixed.waits[sync] = []
-    fixed.assumptions.append(
-        f"host_sync: {removed} synchronisations no longer wait for the device (each keeps its own cost); "
+    fixed.assume(
+        "host_sync", f"{removed} synchronisations no longer wait for the device (each keeps its own cost); "
         "the device work they waited for still runs, in order on its stream")
     return fixed
 
@@ -73,8 +73,8 @@ def close_launch_gaps(graph: StepGraph) -> StepGraph:
         captured += fixed.dur[i] + fixed.prev_lag[i] - min(kept, fixed.prev_lag[i])
         fixed.prev_lag[i] = min(kept, fixed.prev_lag[i])
         fixed.dur[i] = 0.0
-    fixed.assumptions.append(
-        f"launch_bound: {queued} kernels run back to back on their stream ({fixed.device_gap:.1f} us "
+    fixed.assume(
+        "launch_bound", f"{queued} kernels run back to back on their stream ({fixed.device_gap:.1f} us "
         "apart, the trace's median between queued kernels), as from a CUDA graph; the host's dispatch "
         f"between CUDA calls with no synchronisation between them is captured ({captured / 1e3:.1f} ms "
         "taken out, input waits kept); the first kernel after each synchronisation still waits for its "
@@ -90,14 +90,14 @@ def prefetch_input(graph: StepGraph, workers: int = 1, pattern: re.Pattern[str] 
     if workers < 1:
         raise ValueError(f"prefetch_input: workers must be >= 1, not {workers}")
     spans = _host_spans(graph.trace, lambda name: pattern.search(name) is not None)
-    fixed = _shorten_host_work(graph, spans, f"input_bound: the input wait runs in {workers} background "
+    fixed = _shorten_host_work(graph, spans, "input_bound", f"the input wait runs in {workers} background "
                                "loader(s) that prefetch")
     steps = graph.steps.steps
     if steps:
         per_step = sum(s.covered(steps[0].start, steps[-1].end) for s in spans.values()) / len(steps)
         fixed.floor_us = max(fixed.floor_us, per_step / workers)
-        fixed.assumptions.append(f"input_bound: the loaders need {per_step / 1e3:.1f} ms a step, "
-                                 f"{per_step / workers / 1e3:.1f} ms with {workers}: the step is no shorter")
+        fixed.assume("input_bound", f"the loaders need {per_step / 1e3:.1f} ms a step, "
+                     f"{per_step / workers / 1e3:.1f} ms with {workers}: the step is no shorter")
     return fixed
 
 
@@ -115,7 +115,7 @@ def overlap_untraced_host(graph: StepGraph) -> StepGraph:
         if own:
             whole = IntervalSet.merge([(graph.start[own[0]], graph.end(own[-1]))])
             untraced[track] = whole.difference(traced.get(track, IntervalSet.empty()))
-    return _shorten_host_work(graph, untraced, "host_bound: the host time outside traced operations on "
+    return _shorten_host_work(graph, untraced, "host_bound", "the host time outside traced operations on "
                               "the dispatching thread overlaps the device's work")
 
 
@@ -137,8 +137,8 @@ def scale_op(graph: StepGraph, op: str, factor: float = 0.0) -> StepGraph:
             before += fixed.dur[i]
             fixed.dur[i] *= factor
             scaled += 1
-    fixed.assumptions.append(
-        f"costly_op: {scaled} kernels of {op} ({before / 1e3:.1f} ms) take {factor:g}x their time; "
+    fixed.assume(
+        "costly_op", f"{scaled} kernels of {op} ({before / 1e3:.1f} ms) take {factor:g}x their time; "
         "their launches and the host's time stay")
     return fixed
 
@@ -149,7 +149,7 @@ class Prediction:
 
     before_us: float
     after_us: float
-    assumptions: tuple[str, ...]
+    assumptions: tuple[Assumption, ...]
 
     @property
     def speedup(self) -> float:
@@ -183,7 +183,8 @@ def _host_spans(trace: Trace, wanted: Callable[[str], bool]) -> dict[int, Interv
     return {track: IntervalSet.merge(spans) for track, spans in by_track.items()}
 
 
-def _shorten_host_work(graph: StepGraph, spans: dict[int, IntervalSet], assumption: str) -> StepGraph:
+def _shorten_host_work(graph: StepGraph, spans: dict[int, IntervalSet], fix: str,
+                       assumption: str) -> StepGraph:
     """The host work between consecutive calls on each thread less the time ``spans`` cover in it; the
     lag of a cross-thread wait less what they cover on the thread waited for (its work before it let
     the other go)."""
@@ -203,5 +204,5 @@ def _shorten_host_work(graph: StepGraph, spans: dict[int, IntervalSet], assumpti
         if covered is not None:
             cut = covered.covered(graph.end(other), graph.start[i])
             fixed.cross_lag[i] = max(0.0, fixed.cross_lag[i] - cut)
-    fixed.assumptions.append(f"{assumption} ({removed / 1e3:.1f} ms of host work taken out)")
+    fixed.assume(fix, f"{assumption} ({removed / 1e3:.1f} ms of host work taken out)")
     return fixed

@@ -47,6 +47,15 @@ DEFAULT_LAUNCH_LATENCY_US = 5.0  # when no kernel in the trace waited for its la
 DEFAULT_DEVICE_GAP_US = 1.0  # when no kernel in the trace was queued behind another
 
 
+@dataclass(frozen=True, slots=True)
+class Assumption:
+    """What a prediction rests on: the fix (or ``replay`` for the graph itself) and what it takes as
+    given, in words a report prints."""
+
+    fix: str
+    text: str
+
+
 @dataclass
 class StepGraph:
     """The nodes in columns (index = node), the edges as per-node columns: a node has at most one
@@ -75,7 +84,7 @@ class StepGraph:
     launch_latency: float = DEFAULT_LAUNCH_LATENCY_US
     device_gap: float = DEFAULT_DEVICE_GAP_US
     linked: int = 0  # device nodes tied to a launch call
-    assumptions: list[str] = field(default_factory=list)
+    assumptions: list[Assumption] = field(default_factory=list)
     # The least a step can take whatever the replay says (a background loader's own time per step),
     # microseconds; a fix sets it.
     floor_us: float = 0.0
@@ -92,6 +101,9 @@ class StepGraph:
             {k: list(v) for k, v in self.waits.items()}, dict(self.sync_overhead), dict(self.sync_tail),
             self.order, self.host_tracks, self.launch_latency, self.device_gap, self.linked,
             list(self.assumptions), self.floor_us)
+
+    def assume(self, fix: str, text: str) -> None:
+        self.assumptions.append(Assumption(fix, text))
 
     def end(self, i: int) -> float:
         return self.start[i] + self.dur[i]
@@ -127,9 +139,8 @@ def build_graph(trace: Trace) -> StepGraph:
     events.sort()
     graph.order = [i for _, _, i in events]
     if not graph.linked and len(graph):
-        graph.assumptions.append(
-            "the trace ties no device work to its launch (no correlation ids): the device keeps its "
-            "measured gaps, and a change on the host does not move it")
+        graph.assume("replay", "the trace ties no device work to its launch (no correlation ids): the "
+                     "device keeps its measured gaps, and a change on the host does not move it")
     return graph
 
 
