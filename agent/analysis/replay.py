@@ -3,8 +3,9 @@
 The replay recomputes every node's start and end from its edges: a host call starts when the previous
 call on its thread has ended plus the host work between them (and when the other thread's call it
 waits for has ended); device work starts when its launch call has started plus the launch latency and
-when the previous work on its stream has ended; a synchronisation ends at the later of its own cost
-and the end of the device work it waits for plus the time it takes to return. Unchanged, the graph
+when the previous work on its stream has ended; a synchronisation (and a launch that found the launch
+queue full) ends at the later of its own cost and the end of the device work it waits for plus the
+time it takes to return. Unchanged, the graph
 replays to the trace's own times; with a fix applied (``replay_fixes``) it says what the fix buys.
 
 A step's replayed time runs from one boundary to the next, where a boundary is the later of the
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from gpuscope.analysis.model import Trace
-from gpuscope.analysis.replay_graph import DEVICE, SYNC, StepGraph, build_graph
+from gpuscope.analysis.replay_graph import DEVICE, StepGraph, build_graph
 
 NEVER = float("-inf")
 
@@ -65,7 +66,7 @@ def replay(graph: StepGraph) -> Replayed:
         if t == NEVER:
             t = start[i]  # a root: the first event of its thread or stream
         rstart[i] = t
-        if kind[i] != SYNC:
+        if i not in graph.waits:
             rend[i] = t + dur[i]
     return Replayed(rstart, rend)
 

@@ -16,7 +16,7 @@ from gpuscope.analysis.intervals import IntervalSet
 from gpuscope.analysis.model import Kind, Trace
 from gpuscope.analysis.patterns import INPUT_OP
 from gpuscope.analysis.replay import replay, step_time
-from gpuscope.analysis.replay_graph import DEVICE, HOST, Assumption, StepGraph, build_graph
+from gpuscope.analysis.replay_graph import DEVICE, HOST, SYNC, Assumption, StepGraph, build_graph
 
 Fix = Callable[[StepGraph], StepGraph]
 NEVER = float("-inf")
@@ -27,8 +27,9 @@ def remove_host_syncs(graph: StepGraph) -> StepGraph:
     device, the data-dependent shape made static), so it runs ahead. Each call keeps its own cost, the
     device work it waited for stays, in its order on its stream."""
     fixed = graph.copy()
-    removed = sum(1 for waits in fixed.waits.values() if waits)
-    for sync in fixed.waits:
+    syncs = [i for i in fixed.waits if fixed.kind[i] == SYNC]
+    removed = sum(1 for i in syncs if fixed.waits[i])
+    for sync in syncs:
         fixed.waits[sync] = []
     fixed.assume(
         "host_sync", f"{removed} synchronisations no longer wait for the device (each keeps its own cost); "
@@ -73,6 +74,9 @@ def close_launch_gaps(graph: StepGraph) -> StepGraph:
         captured += fixed.dur[i] + fixed.prev_lag[i] - min(kept, fixed.prev_lag[i])
         fixed.prev_lag[i] = min(kept, fixed.prev_lag[i])
         fixed.dur[i] = 0.0
+        if i in fixed.waits:  # a launch that waited for room in the queue: one graph launch does not
+            fixed.waits[i] = []
+            fixed.sync_overhead[i] = 0.0
     fixed.assume(
         "launch_bound", f"{queued} kernels run back to back on their stream ({fixed.device_gap:.1f} us "
         "apart, the trace's median between queued kernels), as from a CUDA graph; the host's dispatch "

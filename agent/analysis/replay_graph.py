@@ -30,6 +30,7 @@ of the pause, only the time the thread's traced operations cover is its own work
 
 from __future__ import annotations
 
+import re
 import statistics
 from array import array
 from bisect import bisect_left, bisect_right
@@ -37,12 +38,16 @@ from dataclasses import dataclass, field
 
 from gpuscope.analysis.intervals import IntervalSet
 from gpuscope.analysis.model import DEVICE_KINDS, Kind, Trace
-from gpuscope.analysis.patterns import SYNC_RUNTIME
+from gpuscope.analysis.patterns import LAUNCH_RUNTIME, SYNC_RUNTIME
 from gpuscope.analysis.steps import Steps, find_steps
 
 HOST, SYNC, DEVICE = 0, 1, 2
 EPSILON_US = 1e-3
 CROSS_THREAD_PAUSE_US = 50.0  # a pause on a thread shorter than this is its own work, not a wait
+# A launch call longer than this, while device work ended within it, waited for room in the launch
+# queue (about a thousand launches deep): a launch costs a few microseconds.
+QUEUE_WAIT_US = 50.0
+ENQUEUE_RUNTIME = re.compile(r"^(cudaMemsetAsync|cudaMemcpyAsync|cuMemsetD\w*Async|cuMemcpy\w*Async)")
 DEFAULT_LAUNCH_LATENCY_US = 5.0  # when no kernel in the trace waited for its launch
 DEFAULT_DEVICE_GAP_US = 1.0  # when no kernel in the trace was queued behind another
 
@@ -75,7 +80,8 @@ class StepGraph:
     launch_lag: array[float] = field(default_factory=lambda: array("d"))
     cross: array[int] = field(default_factory=lambda: array("q"))  # host calls: another thread's; -1
     cross_lag: array[float] = field(default_factory=lambda: array("d"))
-    waits: dict[int, list[int]] = field(default_factory=dict)  # synchronisation -> device work
+    # Synchronisation (or launch that found the queue full) -> the device work it waited for.
+    waits: dict[int, list[int]] = field(default_factory=dict)
     sync_overhead: dict[int, float] = field(default_factory=dict)  # its cost without waiting
     sync_tail: dict[int, float] = field(default_factory=dict)  # from the device's end to its return
     # An order in which every edge's source comes first; ``~i``: the end of synchronisation i.
@@ -131,11 +137,12 @@ def build_graph(trace: Trace) -> StepGraph:
     _device_work(graph, by_corr)
     _lags(graph)
     _synchronisations(graph)
+    _queue_waits(graph)
     _cross_thread(graph)
-    # A synchronisation starts with its thread and ends after the device work it waits for: its end is
-    # a second event (``~i``), placed at its measured end.
+    # A synchronisation starts with its thread and ends after the device work it waits for (so does a
+    # launch that waited for room in the queue): its end is a second event (``~i``), at its measured end.
     events = [(graph.start[i], 1, i) for i in range(len(graph))]
-    events.extend((graph.end(i), 0, ~i) for i in range(len(graph)) if graph.kind[i] == SYNC)
+    events.extend((graph.end(i), 0, ~i) for i in graph.waits)
     events.sort()
     graph.order = [i for _, _, i in events]
     if not graph.linked and len(graph):
@@ -202,7 +209,8 @@ def _lags(graph: StepGraph) -> None:
         launch, prev = graph.launch[i], graph.prev[i]
         if launch >= 0 and (prev < 0 or graph.end(launch) > graph.end(prev)):
             binding_launch.add(i)  # the device had run out of work before the launch returned
-            latencies.append(graph.start[i] - graph.start[launch])
+            if prev >= 0:  # a stream's first work may have waited for anything before the recording
+                latencies.append(graph.start[i] - graph.start[launch])
         elif prev >= 0:
             gaps.append(graph.start[i] - graph.end(prev))
     if latencies:
@@ -253,6 +261,36 @@ def _synchronisations(graph: StepGraph) -> None:
         else:
             graph.sync_overhead[sync] = graph.dur[sync]
             graph.sync_tail[sync] = 0.0
+
+
+def _queue_waits(graph: StepGraph) -> None:
+    """A launch that blocked because the launch queue was full returns when the device frees a slot:
+    it waits for the device work that ended last within the call (the work a queue's depth of launches
+    earlier), and takes the typical launch's time when the queue has room."""
+    # Calls that enqueue work, whether or not the trace recorded the work (a host far ahead of the
+    # device launches work that runs after the recording ends).
+    names = graph.trace.names
+    enqueuing = {i for i, name in enumerate(names)
+                 if LAUNCH_RUNTIME.match(name) or ENQUEUE_RUNTIME.match(name)}
+    launches = {graph.launch[i] for i in range(len(graph))
+                if graph.kind[i] == DEVICE and graph.launch[i] >= 0}
+    launches.update(i for i in range(len(graph)) if graph.kind[i] == HOST and graph.name[i] in enqueuing)
+    if not launches:
+        return
+    typical = statistics.median(graph.dur[i] for i in launches)
+    device = sorted((graph.end(i), i) for i in range(len(graph)) if graph.kind[i] == DEVICE)
+    device_ends = [end for end, _ in device]
+    for i in sorted(launches):
+        if graph.kind[i] != HOST or graph.dur[i] <= QUEUE_WAIT_US:
+            continue
+        start, end = graph.start[i], graph.end(i)
+        j = bisect_right(device_ends, end + EPSILON_US) - 1
+        if j < 0 or device_ends[j] <= start:
+            continue  # no device work ended within it: a slow call, not a full queue
+        waited = device[j][1]
+        graph.waits[i] = [waited]
+        graph.sync_tail[i] = max(0.0, end - device_ends[j])
+        graph.sync_overhead[i] = min(graph.dur[i], max(typical, graph.sync_tail[i]))
 
 
 def _cross_thread(graph: StepGraph) -> None:
