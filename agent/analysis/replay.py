@@ -106,9 +106,9 @@ def _host_time(graph: StepGraph, replayed: Replayed, on_track: list[int], starts
 
 
 def device_span(graph: StepGraph, replayed: Replayed | None = None) -> float:
-    """From the first start to the last end of the device work issued within the steps (launched
-    within them, or run within them without a launch in the trace), measured or replayed; 0 without
-    any. Work a trace ends before recording does not count: the span compares like with like."""
+    """From the first start to the last end of the device work that ran within the steps (as measured),
+    measured or replayed; 0 without any. The work that ran, not the work the steps launched: a host a
+    launch queue ahead of the device launches work that runs after the recording ends."""
     marks = boundaries(graph)
     if not marks:
         return 0.0
@@ -116,11 +116,7 @@ def device_span(graph: StepGraph, replayed: Replayed | None = None) -> float:
     lo, hi = float("inf"), float("-inf")
     starts, ends = (graph.start, None) if replayed is None else (replayed.start, replayed.end)
     for i in range(len(graph)):
-        if graph.kind[i] != DEVICE:
-            continue
-        launch = graph.launch[i]
-        issued = graph.start[launch] if launch >= 0 else graph.start[i]
-        if first <= issued < last:
+        if graph.kind[i] == DEVICE and first <= graph.start[i] < last:
             lo = min(lo, starts[i])
             hi = max(hi, graph.end(i) if ends is None else ends[i])
     return hi - lo if hi > lo else 0.0
