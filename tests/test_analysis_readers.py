@@ -580,3 +580,18 @@ def test_a_file_that_is_not_a_trace_is_an_error(tmp_path: Path) -> None:
         find_traces(notes)
     with pytest.raises(TraceError, match="not a trace file"):
         read_trace(notes)
+
+
+def test_xspace_ties_device_work_to_its_launch_by_correlation_id() -> None:
+    """XLA launches each step as a CUDA graph (``cuGraphLaunch``) and copies its input from a PjRt
+    thread (``MemcpyH2D``): both carry the correlation id of the device work they started."""
+    fixtures = Path(__file__).parent / "fixtures" / "traces" / "h100"
+    trace = read_xspace(fixtures / "jax_python_generator.xplane.pb")
+    host = {trace.spans[kind].corr[i] for kind in (Kind.RUNTIME, Kind.HOST_OP)
+            for i in range(len(trace.spans[kind])) if trace.spans[kind].corr[i] >= 0}
+    runtime = trace.spans[Kind.RUNTIME]
+    launches = [trace.names[runtime.name[i]] for i in range(len(runtime)) if runtime.corr[i] >= 0]
+    assert launches and all(name.startswith("cuGraphLaunch") for name in launches)
+    for kind in (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET):
+        spans = trace.spans[kind]
+        assert all(spans.corr[i] in host for i in range(len(spans)))

@@ -6,8 +6,10 @@ copy) on the device is the id of the launch call on a host thread (``cudaLaunchK
 ``cuLaunchKernelEx``, ``cudaMemcpyAsync`` ...); the operation is the outermost operator open on that
 thread when the call was made (``aten::conv2d``; on the autograd thread,
 ``autograd::engine::evaluate_function: IndexBackward0``), annotations such as ``Optimizer.step#...``
-left out. A kernel without a launch in the trace (or a trace without correlation ids, as XLA's) is
-its own operation: XLA's kernels are named after the fused operations they run.
+left out. A kernel without a launch in the trace (or a trace without correlation ids), or launched
+as part of a CUDA graph (``cuGraphLaunch``: XLA's compiled programs, a captured PyTorch graph), is its
+own operation: the operation around a graph's launch names the whole program, while XLA's kernels are
+named after the fused operations they run.
 
 Device time is the sum of the kernels' and copies' durations within the steps: kernels that overlap on
 several streams each count, so the classes add up to the device's total, not to the step time.
@@ -15,6 +17,7 @@ several streams each count, so the classes add up to the device's total, not to 
 
 from __future__ import annotations
 
+import re
 from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
@@ -28,6 +31,8 @@ from gpuscope.analysis.steps import OPTIMIZER_PREFIX
 MAX_OPS = 8  # operations kept in a profile, by device time
 MAX_UNMATCHED = 5  # unclassified kernels named in a profile, by device time
 SMALL_GRID_FILL = 1.0  # fewer thread blocks than SMs: part of the GPU has nothing to run
+# A launch of a whole CUDA graph: its kernels are not the work of the operation around the call.
+GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)")
 
 
 @dataclass(slots=True)
@@ -147,7 +152,7 @@ class _Profiler:
                     stat = kernels[name] = KernelStat(classify(kind, name))
                 total += dur
                 count += 1
-                launch = launches.get(spans.corr[i]) if spans.corr[i] >= 0 else None
+                launch = launches.of_operation(spans.corr[i]) if spans.corr[i] >= 0 else None
                 gpus.add(spans.track[i])
                 op = operators.around(*launch) if launch is not None else None
                 if op is not None:
@@ -219,11 +224,20 @@ class Launches:
         self.order = array("q", sorted((i for i in range(first, last) if corr[i] >= 0),
                                        key=corr.__getitem__))
         self.keys = array("q", (corr[i] for i in self.order))
+        self.graph_launches = {i for i, name in enumerate(trace.names) if GRAPH_LAUNCH.match(name)}
 
     def get(self, correlation: int) -> tuple[float, int] | None:
         """The launch call's start and thread."""
         i = self._index(correlation)
         return None if i < 0 else (self.runtime.start[i], self.runtime.track[i])
+
+    def of_operation(self, correlation: int) -> tuple[float, int] | None:
+        """The launch call's start and thread where it launched one operation's work, not a CUDA
+        graph's."""
+        i = self._index(correlation)
+        if i < 0 or self.runtime.name[i] in self.graph_launches:
+            return None
+        return self.runtime.start[i], self.runtime.track[i]
 
     def end(self, correlation: int) -> float | None:
         """When the launch call returned."""

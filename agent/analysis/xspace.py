@@ -46,6 +46,8 @@ METADATA_PLANE = "/host:metadata"
 GPU_PLANE = re.compile(r"/device:GPU:(\d+)")
 STREAM_LINE_PREFIX = "Stream #"
 STEPS_LINE = "Steps"
+# CUPTI's id that ties a launch call (``cuGraphLaunch``, ``cuLaunchKernel``) to the work it started.
+CORRELATION_STAT = "correlation_id"
 # Lines only TensorFlow writes: its op and name-scope lines (renamed "Framework ..." by newer
 # profilers, which JAX writes too). Thread names say little: XLA's thread pools, which JAX uses too,
 # are named "tf_..." by the library they share; only tf.data's are TensorFlow's (by JAX's PjitFunction
@@ -292,6 +294,16 @@ def stat_number(stat: xplane_pb2.XStat) -> int | None:
     return None
 
 
+def stat_of(event: xplane_pb2.XEvent, stat_id: int | None) -> int | None:
+    """An event's numeric statistic, None where it has none."""
+    if stat_id is None:
+        return None
+    for stat in event.stats:
+        if stat.metadata_id == stat_id:
+            return stat_number(stat)
+    return None
+
+
 def stat_ids(plane: xplane_pb2.XPlane) -> dict[str, int]:
     return {metadata.name: metadata_id for metadata_id, metadata in plane.stat_metadata.items()}
 
@@ -312,6 +324,7 @@ class HostEvents:
         ids = stat_ids(plane)
         self.step_stat = ids.get("step_num")
         self.root_stat = ids.get("_r")
+        self.corr_stat = ids.get(CORRELATION_STAT)
         # Per event metadata id: the kind its name alone decides (else None), the name to keep, and
         # whether it may be a compiled computation on an XLA thread.
         self.by_metadata: dict[int, tuple[Kind | None, str, bool]] = {}
@@ -351,7 +364,10 @@ class HostEvents:
                         trace.add_step(start, dur, name, track, number=step)
                         continue
                     kind = Kind.HOST_OP
-            trace.add(kind, start, dur, name, track)
+            # A host event with a correlation id started device work: a launch call, or the host's side
+            # of a transfer (``MemcpyH2D`` on a PjRt thread).
+            corr = stat_of(event, self.corr_stat) if event.stats else None
+            trace.add(kind, start, dur, name, track, corr=-1 if corr is None else corr)
 
     def step_number(self, event: xplane_pb2.XEvent) -> int | None:
         """The step a ``StepTraceAnnotation`` marks; None for other events and nested annotations."""
@@ -375,6 +391,7 @@ class DeviceEvents:
         self.index = index
         self.trace = trace
         self.steps = steps
+        self.corr_stat = stat_ids(plane).get(CORRELATION_STAT)
         self.by_metadata: dict[int, tuple[Kind, str]] = {}
 
     def wants(self, line: xplane_pb2.XLine) -> bool:
@@ -402,4 +419,6 @@ class DeviceEvents:
             if is_aggregate(event):
                 continue
             kind, name = self.classify(event.metadata_id)
-            self.trace.add(kind, origin_us + event.offset_ps / 1e6, event.duration_ps / 1e6, name, track)
+            corr = stat_of(event, self.corr_stat)
+            self.trace.add(kind, origin_us + event.offset_ps / 1e6, event.duration_ps / 1e6, name, track,
+                           corr=-1 if corr is None else corr)

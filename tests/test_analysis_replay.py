@@ -1,0 +1,168 @@
+"""The replay of a trace's dependency graph: the unmodified graph reproduces each H100 fixture's step
+time, and the fixes move it the way the job's measured pair of traces did."""
+
+from __future__ import annotations
+
+from functools import cache, partial
+from pathlib import Path
+
+import pytest
+
+from gpuscope.analysis.replay import fidelity, replay, step_time
+from gpuscope.analysis.replay_fixes import (
+    close_launch_gaps,
+    overlap_untraced_host,
+    predict,
+    prefetch_input,
+    remove_host_syncs,
+    scale_op,
+)
+from gpuscope.analysis.replay_graph import DEVICE, SYNC, StepGraph, build_graph
+from gpuscope.analysis.sources import read_trace
+
+FIXTURES = Path(__file__).parent / "fixtures" / "traces" / "h100"
+INDEX_BACKWARD = "autograd::engine::evaluate_function: IndexBackward0"
+
+
+@cache
+def graph_of(name: str) -> StepGraph:
+    (path,) = FIXTURES.glob(f"{name}.*")
+    return build_graph(read_trace(path))
+
+
+# Measured mean step time (ms, from the step markers) and whether device work is tied to launches.
+FIXTURE_STEPS = {
+    "deep_narrow_mlp": (29.56, True),
+    "healthy_mlp_bf16": (15.29, True),
+    "resnet50_dataloader_no_workers": (172.59, True),
+    "seg_fixed_loss": (48.05, True),
+    "seg_masked_loss": (72.02, True),
+    "jax_python_generator": (179.82, True),  # XSpace: CUDA graph launches and transfers
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_STEPS))
+def test_unmodified_replay_reproduces_the_measured_step_time(name: str) -> None:
+    (path,) = FIXTURES.glob(f"{name}.*")
+    result = fidelity(read_trace(path))
+    measured_ms, linked = FIXTURE_STEPS[name]
+    assert result.measured_us / 1e3 == pytest.approx(measured_ms, abs=0.01)
+    assert result.replayed_us == pytest.approx(result.measured_us, rel=0.02)
+    assert result.linked is linked
+
+
+def test_every_node_replays_to_its_measured_time() -> None:
+    graph = graph_of("resnet50_dataloader_no_workers")  # kernels overlap on their stream (PDL)
+    replayed = replay(graph)
+    for i in range(len(graph)):
+        assert replayed.start[i] == pytest.approx(graph.start[i], abs=0.01)
+        assert replayed.end[i] == pytest.approx(graph.end(i), abs=0.01)
+
+
+def test_synchronisations_wait_for_the_device_work_launched_before_them() -> None:
+    graph = graph_of("seg_masked_loss")
+    syncs = [i for i in range(len(graph)) if graph.kind[i] == SYNC]
+    assert len(syncs) == 36  # nonzero, unique and item() each wait once
+    waited = [i for i in syncs if graph.waits[i]]
+    assert waited
+    for sync in waited:
+        for device in graph.waits[sync]:
+            assert graph.kind[device] == DEVICE
+            assert graph.start[graph.launch[device]] <= graph.start[sync]
+
+
+def test_longer_device_work_lengthens_a_device_bound_step() -> None:
+    graph = graph_of("seg_masked_loss")
+    slower = graph.copy()
+    for i in range(len(slower)):
+        if slower.kind[i] == DEVICE:
+            slower.dur[i] *= 2
+    before, after = step_time(graph, replay(graph)), step_time(slower, replay(slower))
+    assert 1.8 < after / before < 2.1
+
+
+def test_masked_loss_fixes_predict_the_fixed_loss_speedup() -> None:
+    """The dense loss (seg_fixed_loss) runs 72.02 -> 48.05 ms a step (1.50x). From the masked-loss
+    trace alone, removing IndexBackward's kernels and its synchronisations predicts 1.32x: within 15%
+    (the rest is the masked loss's forward indexing, which the fix does not name)."""
+    measured = graph_of("seg_masked_loss").steps.time / graph_of("seg_fixed_loss").steps.time
+    measured *= len(graph_of("seg_fixed_loss").steps.steps) / len(graph_of("seg_masked_loss").steps.steps)
+    prediction = predict(graph_of("seg_masked_loss"), [partial(scale_op, op=INDEX_BACKWARD),
+                                                       remove_host_syncs])
+    assert measured == pytest.approx(1.50, abs=0.01)
+    assert prediction.speedup == pytest.approx(measured, rel=0.15)
+    assert 1.25 < prediction.speedup < 1.40
+    assert [a.fix for a in prediction.assumptions] == ["costly_op", "host_sync"]
+    assert "222 kernels of " + INDEX_BACKWARD in prediction.assumptions[0].text
+
+
+def test_removing_the_synchronisations_of_a_device_bound_step_wins_little() -> None:
+    prediction = predict(graph_of("seg_masked_loss"), [remove_host_syncs])
+    assert 0 <= prediction.won_back < 0.05  # the device is busy 98% of the step
+
+
+def test_one_background_loader_is_as_slow_as_the_input_it_prefetches() -> None:
+    """resnet50 without workers: 75% of its 172.6 ms step in the DataLoader, 145 ms of loading a step."""
+    prediction = predict(graph_of("resnet50_dataloader_no_workers"), [prefetch_input])
+    assert 140e3 < prediction.after_us < 150e3
+    assert {a.fix for a in prediction.assumptions} == {"input_bound"}
+
+
+def test_enough_loaders_leave_the_step_its_device_time() -> None:
+    prediction = predict(graph_of("resnet50_dataloader_no_workers"), [partial(prefetch_input, workers=4)])
+    assert 40e3 < prediction.after_us < 60e3  # 40 ms of device work a step
+
+
+def test_prefetching_needs_a_loader() -> None:
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        prefetch_input(graph_of("resnet50_dataloader_no_workers"), workers=0)
+
+
+def test_overlapping_the_dispatching_threads_python_leaves_the_device_and_the_dispatch() -> None:
+    """jax_python_generator: a Python generator makes each batch on the thread that dispatches the
+    steps (163 ms of 180 untraced); the device works 12.6 ms a step."""
+    prediction = predict(graph_of("jax_python_generator"), [overlap_untraced_host])
+    assert 3 < prediction.speedup < 6
+    assert prediction.after_us > 12.6e3
+
+
+def test_without_correlation_ids_a_fix_on_the_host_does_not_move_the_device() -> None:
+    (path,) = FIXTURES.glob("jax_python_generator.*")
+    trace = read_trace(path)
+    for spans in trace.spans.values():
+        for i in range(len(spans)):
+            spans.corr[i] = -1
+    graph = build_graph(trace)
+    assert graph.linked == 0
+    prediction = predict(graph, [overlap_untraced_host])
+    assert prediction.after_us == pytest.approx(prediction.before_us, rel=1e-6)
+    assert any(a.fix == "replay" and "no correlation ids" in a.text for a in prediction.assumptions)
+
+
+def test_closing_launch_gaps_leaves_a_launch_bound_step_its_device_time() -> None:
+    """deep_narrow_mlp: 6.1 ms of kernels a step in 29.6 ms, the device idle between 584 launches."""
+    prediction = predict(graph_of("deep_narrow_mlp"), [close_launch_gaps])
+    assert 2.5 < prediction.speedup < 4.5
+    assert prediction.after_us > 6.1e3  # never below the device's own work
+
+
+def test_closing_launch_gaps_wins_nothing_on_a_device_bound_step() -> None:
+    prediction = predict(graph_of("healthy_mlp_bf16"), [close_launch_gaps])
+    assert 0 <= prediction.won_back < 0.02
+
+
+def test_a_negative_scale_is_refused() -> None:
+    with pytest.raises(ValueError, match="factor must be >= 0"):
+        scale_op(graph_of("seg_masked_loss"), INDEX_BACKWARD, -1.0)
+
+
+def test_a_faster_device_frees_a_host_that_waits_for_room_in_the_launch_queue() -> None:
+    """seg_fixed_loss never synchronises: the host runs a full launch queue ahead of the device and its
+    launches block until a kernel ends (up to 1.4 ms a call). Halving the convolutions' backward pass
+    (62% of the device's time) shortens the step, through the launches that wait for it."""
+    graph = graph_of("seg_fixed_loss")
+    queued = [i for i in graph.waits if graph.kind[i] != SYNC]
+    assert len(queued) > 100
+    prediction = predict(graph, [partial(scale_op, op="autograd::engine::evaluate_function: "
+                                                      "ConvolutionBackward0", factor=0.5)])
+    assert 30e3 < prediction.after_us < 42e3
