@@ -131,7 +131,7 @@ class _Profiler:
         trace = self.trace
         a, b = self.window
         launches = Launches(trace, self.window)
-        operators = _Outermost(trace)
+        operators = OutermostOperators(trace)
         optimizer = self._optimizer_spans()
         optimizer_ops = operators.inside(optimizer)
         names = trace.names
@@ -251,7 +251,7 @@ class Launches:
         return -1
 
 
-class _Outermost:
+class OutermostOperators:
     """The outermost operator open on a thread at a time (annotations left out), by binary search over
     each thread's top-level operators."""
 

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpuscope.analysis.device_profile import _Outermost
+from gpuscope.analysis.device_profile import OutermostOperators
 from gpuscope.analysis.intervals import IntervalSet
 from gpuscope.analysis.model import Kind, Trace
 from gpuscope.analysis.patterns import INPUT_OP
@@ -130,7 +130,7 @@ def scale_op(graph: StepGraph, op: str, factor: float = 0.0) -> StepGraph:
     if factor < 0:
         raise ValueError(f"scale_op: factor must be >= 0, not {factor}")
     fixed = graph.copy()
-    operators = _Outermost(graph.trace)
+    operators = OutermostOperators(graph.trace)
     scaled = 0
     before = 0.0
     for i in range(len(fixed)):
