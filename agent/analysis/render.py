@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuscope.analysis.diagnose import Diagnosis, Finding
 from gpuscope.analysis.findings import HEALTHY, INCONCLUSIVE, UNREADABLE, Check, verdict_of
+from gpuscope.analysis.gains import Gains
 from gpuscope.analysis.ranks import RanksReport
 
 WIDTH = 100
@@ -28,7 +29,8 @@ CLASS_NAMES = {"tensor_core": "tensor cores", "fp32_matmul": "fp32 matmul/conv",
                "collective": "collectives", "memcpy": "memcpy", "memset": "memset", "other": "unclassified"}
 
 
-def format_diagnosis(diagnosis: Diagnosis) -> str:
+def format_diagnosis(diagnosis: Diagnosis, gains: Gains | None = None) -> str:
+    """The report of one diagnosis; with ``gains``, what fixing each finding would buy."""
     d = diagnosis
     verdict = d.verdict
     said = f" ({VERDICT_TEXT[verdict]})" if verdict in VERDICT_TEXT else ""
@@ -47,6 +49,13 @@ def format_diagnosis(diagnosis: Diagnosis) -> str:
     for finding in d.findings:
         lines.append("")
         lines.extend(_finding(finding))
+        if gains is not None:
+            lines.extend(textwrap.wrap(f"fixing it: {gains.of(finding).text()}", WIDTH,
+                                       initial_indent="    ", subsequent_indent="      "))
+    if gains is not None and gains.together is not None:
+        lines.append("")
+        lines.extend(textwrap.wrap(f"fixing all of them: {gains.together.text()}", WIDTH,
+                                   initial_indent="  ", subsequent_indent="    "))
     if d.checks:
         lines.append("")
         lines.extend(textwrap.wrap("checked: " + "; ".join(_check(c) for c in d.checks), WIDTH,

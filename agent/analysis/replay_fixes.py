@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from gpuscope.analysis.device_profile import OutermostOperators
 from gpuscope.analysis.intervals import IntervalSet
+from gpuscope.analysis.kernel_taxonomy import classify_name
 from gpuscope.analysis.model import Kind, Trace
 from gpuscope.analysis.patterns import INPUT_OP
 from gpuscope.analysis.replay import replay, step_time
@@ -144,6 +145,23 @@ def scale_op(graph: StepGraph, op: str, factor: float = 0.0) -> StepGraph:
     fixed.assume(
         "costly_op", f"{scaled} kernels of {op} ({before / 1e3:.1f} ms) take {factor:g}x their time; "
         "their launches and the host's time stay")
+    return fixed
+
+
+def remove_layout_conversions(graph: StepGraph) -> StepGraph:
+    """layout_conversion: the kernels that convert tensors between layouts (NCHW/NHWC, transposes)
+    leave the device, as when the model and its inputs keep one layout (channels_last). Only those
+    kernels: the convolutions around them keep their time; their launches stay."""
+    fixed = graph.copy()
+    names = graph.trace.names
+    removed, before = 0, 0.0
+    for i in range(len(fixed)):
+        if fixed.kind[i] == DEVICE and classify_name(names[fixed.name[i]]) == "layout":
+            before += fixed.dur[i]
+            fixed.dur[i] = 0.0
+            removed += 1
+    fixed.assume("layout_conversion", f"{removed} layout-conversion kernels ({before / 1e3:.1f} ms) no "
+                 "longer run (one layout throughout); the work around them and the launches stay")
     return fixed
 
 

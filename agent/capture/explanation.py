@@ -19,6 +19,7 @@ from gpuscope.analysis.findings import UNREADABLE
 
 if TYPE_CHECKING:
     from gpuscope.analysis.diagnose import Diagnosis
+    from gpuscope.analysis.gains import Gains
     from gpuscope.analysis.ranks import RanksReport
     from gpuscope.analysis.sharing import DeviceTimeline
 
@@ -37,12 +38,19 @@ class _Explained:
     source: str
     diagnosis: Diagnosis | None
     unreadable: str = ""  # what was missing, when nothing could be read
+    gains: Gains | None = None  # what fixing each finding would buy
 
     def to_json(self) -> dict[str, Any]:
         if self.diagnosis is None:
             return {"source": self.source, "verdict": UNREADABLE, "unreadable": self.unreadable,
                     "findings": []}
-        return self.diagnosis.to_json()
+        data = self.diagnosis.to_json()
+        if self.gains is not None:
+            for finding, shown in zip(self.diagnosis.findings, data["findings"], strict=True):
+                shown["gain"] = self.gains.of(finding).to_json()
+            if self.gains.together is not None:
+                data["gain_together"] = self.gains.together.to_json()
+        return data
 
 
 def explain_paths(paths: list[Path], *, as_json: bool, shown_as: str | None = None) -> int:
@@ -73,6 +81,7 @@ def _explain_files(files: list[tuple[Path, Path]], record: dict[str, Any] | None
     (a folder of 64 ranks is not lost to one truncated file); alone, its error is the command's."""
     from gpuscope.analysis.diagnose import diagnose_devices
     from gpuscope.analysis.errors import TraceError
+    from gpuscope.analysis.gains import estimate_gains, not_estimated
     from gpuscope.analysis.ranks import RankSummary, compare_ranks, rank_summary
     from gpuscope.analysis.sharing import device_timeline
     from gpuscope.analysis.sources import read_trace
@@ -97,7 +106,12 @@ def _explain_files(files: list[tuple[Path, Path]], record: dict[str, Any] | None
             shown = source + of_device.source[len(trace.source):]
             diagnosis = replace(of_device, source=shown)
             missing = diagnosis.unreadable  # what it lacked for anything to be read
-            explained.append(_Explained(shown, diagnosis, missing))
+            # The replay models one GPU's steps: a process that drives several has no gains.
+            gains: Gains | None = None
+            if not missing:
+                gains = (estimate_gains(trace, diagnosis.findings) if len(diagnoses) == 1 else
+                         not_estimated(diagnosis.findings, "the replay models the steps of one GPU"))
+            explained.append(_Explained(shown, diagnosis, missing, gains))
             if one_gpu:
                 timelines.append(device_timeline(trace, shown) if not missing and len(diagnoses) == 1
                                  else None)
@@ -137,7 +151,7 @@ def _print_report(paths: list[Path], explained: list[_Explained], ranks: RanksRe
     blocks = [f"Alert: {context.text}"] if context is not None else []
     if ranks is not None:
         blocks.append(format_ranks(ranks))
-    blocks += [format_diagnosis(e.diagnosis) if e.diagnosis is not None and not e.unreadable
+    blocks += [format_diagnosis(e.diagnosis, e.gains) if e.diagnosis is not None and not e.unreadable
                else f"{e.source}\n  unreadable: {e.unreadable}" for e in explained]
     if unreadable and read:
         blocks.append(f"{len(unreadable)} of {len(explained)} traces could not be read: "
