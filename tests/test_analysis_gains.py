@@ -97,3 +97,27 @@ def test_a_replay_that_fails_makes_every_gain_not_estimated(monkeypatch: pytest.
     assert [gains.of(f).not_estimated != "" for f in findings] == [True] * len(findings)
     assert any(gains.of(f).not_estimated == "the replay failed (RuntimeError)" for f in findings)
     assert "replay failed" in caplog.text
+
+
+CORPUS = Path(__file__).parent / "fixtures" / "corpus"
+CORPUS_FILES = [CORPUS / entry["id"] / name
+                for entry in json.loads((CORPUS / "corpus.json").read_text(encoding="utf-8"))
+                for name in entry["files"]]
+
+
+def test_every_corpus_trace_gets_a_gain_or_a_reason_for_each_finding(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The corpus's traces (other frameworks, several GPUs, no correlation ids ...) never make the
+    estimate fail the report: each finding has a gain or says why not."""
+    assert CORPUS_FILES
+    findings = 0
+    for path in CORPUS_FILES:
+        assert explain_path(path, as_json=True) in (0, 1), path
+        document = json.loads(capsys.readouterr().out)
+        for trace in document["traces"]:
+            for found in trace["findings"]:
+                gain = found["gain"]
+                findings += 1
+                assert ("not_estimated" in gain and gain["not_estimated"]) or (
+                    gain["before_s"] > 0 and gain["after_s"] >= 0), (path, found["kind"], gain)
+    assert findings > 10
