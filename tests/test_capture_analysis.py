@@ -86,6 +86,10 @@ def test_a_stored_capture_gets_its_verdict_in_its_record(store: CaptureStore, tm
     (finding,) = analysis["findings"]
     assert finding["severity"] == "high" and finding["share"] == pytest.approx(0.5, abs=0.01)
     assert finding["evidence"].startswith("enumerate(DataLoader)")
+    # What prefetching the input would buy, from the replay in the child, rides along.
+    assert finding["gain"]["before_s"] == pytest.approx(0.010, rel=0.01)
+    assert 0 < finding["gain"]["after_s"] <= finding["gain"]["before_s"]
+    assert any("loader" in a for a in finding["gain"]["assumptions"])
     assert heard == [record]
     assert worker.finding_counts()["input_bound"] == 1 and worker.finding_counts()["healthy"] == 0
     # capture.json on disk holds it too: an agent restarted later lists the same verdict.
@@ -170,6 +174,26 @@ def test_the_summary_keeps_the_most_severe_findings_first_and_bounded() -> None:
         {"kind": "tensor_cores_idle", "severity": "high", "share": 0.6, "summary": "fp32", "evidence": []},
         {"kind": "input_bound", "severity": "high", "share": 0.3, "summary": "waits", "evidence": []}]}]})
     assert [f["kind"] for f in both["findings"]] == ["input_bound", "tensor_cores_idle"]
+
+
+def test_the_summary_keeps_each_gain_bounded_or_the_reason_there_is_none() -> None:
+    estimated = {"before_s": 0.072, "after_s": 0.054, "share": 0.25, "assumptions": ["a" * 900] * 9}
+    summary = summarise({"traces": [{"source": "t", "gain_together": {**estimated, "share": 0.3},
+                                     "findings": [
+        {"kind": "host_sync", "severity": "high", "share": 0.3, "summary": "s", "evidence": [],
+         "gain": estimated},
+        {"kind": "costly_op", "severity": "high", "share": 0.2, "summary": "s", "evidence": [],
+         "gain": {"not_estimated": "r" * 900}},
+        {"kind": "input_bound", "severity": "high", "share": 0.2, "summary": "s", "evidence": [],
+         "gain": {"before_s": "x"}}]}]})
+    gains = {f["kind"]: f["gain"] for f in summary["findings"]}
+    assert gains["host_sync"]["share"] == 0.25 and gains["host_sync"]["after_s"] == 0.054
+    assert len(gains["host_sync"]["assumptions"]) == 4
+    assert all(len(a) == 300 for a in gains["host_sync"]["assumptions"])
+    assert gains["costly_op"] == {"not_estimated": "r" * 300}
+    assert gains["input_bound"] is None  # malformed: dropped, not guessed
+    assert summary["gain_together"]["share"] == 0.3
+    assert "gain_together" not in summarise({"traces": [{"source": "t", "findings": []}]})
 
 
 def test_the_findings_counter_has_every_finding_from_zero(store: CaptureStore) -> None:

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 FINDING_NAMES = (*FINDING_KINDS, HEALTHY, INCONCLUSIVE, UNREADABLE)
 MAX_OUTPUT_BYTES = 4 << 20  # the child's JSON report
 MAX_FINDINGS = 8  # kept in the record, over all of a capture's traces
+MAX_ASSUMPTIONS = 4  # of a finding's gain, kept in the record
 MAX_TEXT = 300  # characters of a summary or an evidence name kept in the record
 _QUEUE_LIMIT = 16
 # The child: rlimits first, a lower priority, then what `gpuscope explain --json DIR` does (without the
@@ -200,7 +201,8 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
                 "summary": str(finding.get("summary", ""))[:MAX_TEXT],
                 "evidence": str(evidence.get("name", ""))[:MAX_TEXT],
                 "site": str(evidence.get("site", ""))[:MAX_TEXT],
-                "trace": Path(str(trace.get("source", ""))).name[:MAX_TEXT]})
+                "trace": Path(str(trace.get("source", ""))).name[:MAX_TEXT],
+                "gain": bounded_gain(finding.get("gain"))})
     findings.sort(key=lambda f: rank_of(f["kind"], f["severity"], f["share"]))
     findings = findings[:MAX_FINDINGS]
     # A low finding (an opportunity, a cost the device hides) never makes the verdict.
@@ -209,8 +211,29 @@ def summarise(report: dict[str, Any]) -> dict[str, Any]:
         verdict, headline = top["kind"], f"{top['kind']}: {top['summary']}"
     else:
         verdict, headline = _without_finding(report)
-    return {"verdict": verdict, "headline": headline[:MAX_TEXT], "findings": findings,
-            "traces": len(report.get("traces") or ())}
+    together = next((bounded_gain(t.get("gain_together")) for t in report.get("traces") or ()
+                     if isinstance(t, dict) and t.get("gain_together")), None)
+    summary = {"verdict": verdict, "headline": headline[:MAX_TEXT], "findings": findings,
+               "traces": len(report.get("traces") or ())}
+    if together is not None:
+        summary["gain_together"] = together
+    return summary
+
+
+def bounded_gain(gain: Any) -> dict[str, Any] | None:
+    """What a record keeps of a finding's estimated gain: the step time before and after its fix
+    (seconds), the share won back and at most MAX_ASSUMPTIONS assumptions; or why it was not estimated.
+    None when the report had none (an analysis from before gains were estimated)."""
+    if not isinstance(gain, dict):
+        return None
+    if "not_estimated" in gain:
+        return {"not_estimated": str(gain["not_estimated"])[:MAX_TEXT]}
+    try:
+        before, after, share = float(gain["before_s"]), float(gain["after_s"]), float(gain["share"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    assumptions = [str(a)[:MAX_TEXT] for a in list(gain.get("assumptions") or ())[:MAX_ASSUMPTIONS]]
+    return {"before_s": before, "after_s": after, "share": share, "assumptions": assumptions}
 
 
 def _without_finding(report: dict[str, Any]) -> tuple[str, str]:
