@@ -12,6 +12,7 @@ import time
 from gpuscope.alerts.eventlog import AlertEventLog
 from gpuscope.capture.alert_context import alert_context
 from gpuscope.capture.model import CaptureRecord
+from gpuscope.capture.record_gains import verdict_gain_text
 from gpuscope.capture.refusals import RefusedTrigger
 
 
@@ -32,8 +33,10 @@ class CaptureEventLines:
             "name": record.trigger.alertname, "gpu": record.gpu, "capture_id": record.id,
             "at": time.time(), "verdict": analysis.get("verdict"),
             "headline": analysis.get("headline"), "skipped": analysis.get("skipped"),
-            "findings": [{k: f.get(k) for k in ("kind", "severity", "share", "summary")}
+            "findings": [{k: f.get(k) for k in ("kind", "severity", "share", "summary", "gain")}
                          for f in analysis.get("findings") or ()],
+            # What fixing the verdict's finding would buy, in the words of the alert's capture_gain.
+            "verdict_gain": verdict_gain_text(analysis), "gain_together": analysis.get("gain_together"),
             "alert": context.to_json() if context is not None else None})
 
     def record_refusal(self, refused: RefusedTrigger) -> None:

@@ -11,6 +11,7 @@ import threading
 from gpuscope.alerts.capture_verdicts import CAPTURE_EARLY_SECONDS, CaptureVerdict
 from gpuscope.capture.alert_context import alert_context
 from gpuscope.capture.model import CaptureRecord
+from gpuscope.capture.record_gains import verdict_gain_text
 
 
 class CaptureVerdicts:
@@ -31,7 +32,8 @@ class CaptureVerdicts:
         context = alert_context(record.to_json())
         found = CaptureVerdict(record.id, record.start, str(verdict), headline,
                                context.text if context is not None else "",
-                               context.accounts if context is not None else None)
+                               context.accounts if context is not None else None,
+                               verdict_gain_text(analysis) or "")
         with self._lock:
             key = (alertname, record.gpu)
             if key not in self._latest or self._latest[key].start <= record.start:

@@ -338,6 +338,8 @@ class AlertmanagerNotifier:
             annotations["capture_id"] = verdict.capture_id
             if verdict.context:
                 annotations["capture_context"] = verdict.context
+            if verdict.gain:
+                annotations["capture_gain"] = verdict.gain
         return {
             "labels": dict(key),
             "annotations": annotations,

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuscope.capture.config import MAX_DURATION_SECONDS
+from gpuscope.capture.record_gains import gain_short, verdict_finding
 from gpuscope.capture.records import CaptureIdError, check_capture_id
 from gpuscope.capture.refusals import next_allowed
 from gpuscope.cli.invocation import command_name
@@ -334,7 +335,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _print_captures(records: list[dict[str, Any]]) -> None:
-    rows = [("ID", "STARTED (UTC)", "OUTCOME", "TRIGGER", "GPU", "PIDS", "SIZE", "FINDING", "TARGET")]
+    rows = [("ID", "STARTED (UTC)", "OUTCOME", "TRIGGER", "GPU", "PIDS", "SIZE", "FINDING", "GAIN", "TARGET")]
     for r in records:
         trigger = r.get("trigger") or {}
         kind = str(trigger.get("kind") or "-")
@@ -343,8 +344,11 @@ def _print_captures(records: list[dict[str, Any]]) -> None:
         rows.append((str(r.get("id")), _time(r.get("start")), str(r.get("outcome")), kind,
                      "-" if r.get("gpu") is None else str(r["gpu"]),
                      ",".join(map(str, r.get("pids") or ())) or "-", format_size(int(r.get("bytes") or 0)),
-                     _finding(r.get("analysis")), str(r.get("target") or "-")))
+                     _finding(r.get("analysis")), _gain(r.get("analysis")), str(r.get("target") or "-")))
     _print_table(rows)
+    if any(row[8] != "-" for row in rows[1:]):  # what the column estimates, and where its assumptions are
+        print(f"GAIN: the step time fixing the finding saves, as a replay of the trace estimates it "
+              f"(n/e: not estimated); `{command_name()} captures explain ID` says what it assumes")
 
 
 def _print_refused(refused: list[dict[str, Any]], count: int | None) -> None:
@@ -455,6 +459,13 @@ def _finding(analysis: Any) -> str:
         return "-"
     verdict = analysis.get("verdict")
     return str(verdict) if verdict else "skipped"
+
+
+def _gain(analysis: Any) -> str:
+    """What fixing the verdict's finding would save of the step time: "-25% step", "n/e" (not
+    estimated), or "-" (no finding, or a record analysed before gains were estimated)."""
+    finding = verdict_finding(analysis if isinstance(analysis, dict) else None)
+    return "-" if finding is None else gain_short(finding.get("gain"))
 
 
 def _time(value: Any) -> str:

@@ -19,6 +19,7 @@ from gpuscope.alerts.model import Alert, Transition
 from gpuscope.analysis.findings import HEALTHY, INCONCLUSIVE, UNREADABLE
 from gpuscope.capture.alert_context import alert_context
 from gpuscope.capture.model import CaptureRecord, Trigger
+from gpuscope.capture.record_gains import estimated, gain_text, not_estimated_reason, verdict_finding
 from gpuscope.capture.refusals import RefusedTrigger
 from gpuscope.common.sizes import format_size
 from gpuscope.documents import CAPTURES_PATH
@@ -134,11 +135,28 @@ def finding(record: CaptureRecord) -> str:
     shown = f'<span class="verdict {kind}">{escape(str(verdict))}</span>'
     if headline:
         shown += f'<div class="small headline" title="{escape(headline)}">{escape(_clipped(headline))}</div>'
+    shown += _gain(analysis)
     context = alert_context(record.to_json())
     if context is not None and context.accounts is False:
         shown += (f'<div class="small muted" title="{escape(context.text)}">saw other minutes than the alert '
                   "judged: does not explain it</div>")
     return shown
+
+
+def _gain(analysis: dict[str, Any]) -> str:
+    """Under the headline, what fixing the verdict's finding would buy: "fixing it: 72.0 -> 54.4 ms a
+    step (25% less)", the assumptions on hover; "fixing it: not estimated", the reason on hover. Nothing
+    for a verdict without a finding, or a record analysed before gains were estimated."""
+    finding = verdict_finding(analysis)
+    gain = finding.get("gain") if finding is not None else None
+    reason = not_estimated_reason(gain)
+    if reason is not None:
+        return (f'<div class="small muted gain" title="{escape(reason)}">fixing it: '
+                "not estimated</div>")
+    if estimated(gain) is None:
+        return ""
+    brief, whole = gain_text(gain, assumptions=False) or "", gain_text(gain) or ""
+    return f'<div class="small gain" title="{escape(whole)}">fixing it: {escape(brief)}</div>'
 
 
 def verdict_kind(analysis: dict[str, Any]) -> str:

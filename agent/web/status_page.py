@@ -31,6 +31,7 @@ from gpuscope.alerts.capture_verdicts import CAPTURE_EARLY_SECONDS
 from gpuscope.alerts.model import Alert, Transition
 from gpuscope.capture.alert_context import alert_context
 from gpuscope.capture.model import CaptureRecord
+from gpuscope.capture.record_gains import verdict_gain_text
 from gpuscope.capture.refusals import RefusedTrigger
 from gpuscope.common.sizes import format_size
 from gpuscope.documents import CAPTURES_PATH
@@ -188,8 +189,10 @@ def _alert_capture(alert: Alert, captures: Sequence[CaptureRecord] | None) -> st
             if context is not None and context.accounts is False:
                 return (f'<div class="small muted" title="{_e(context.text)}">its capture {named} '
                         f"saw other minutes ({verdict}) and does not explain it</div>")
-            return (f'<div class="small" title="{_e(str(record.analysis.get("headline") or ""))}">its '
-                    f"capture {named}: <b>{verdict}</b></div>")
+            # On hover, the headline and what fixing the finding would buy (the captures table shows both).
+            hover = "\n".join(filter(None, (str(record.analysis.get("headline") or ""),
+                                             verdict_gain_text(record.analysis))))
+            return f'<div class="small" title="{_e(hover)}">its capture {named}: <b>{verdict}</b></div>'
     return ""
 
 
