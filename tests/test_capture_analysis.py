@@ -20,7 +20,7 @@ from gpuscope.alerts.model import Alert
 from gpuscope.capture.analysis_worker import AnalysisLimits, AnalysisWorker, summarise
 from gpuscope.capture.model import CaptureRecord, CaptureTarget, TargetOutcome, Trigger
 from gpuscope.capture.store import CaptureStore
-from gpuscope.cli.capture import _finding
+from gpuscope.cli.capture import _finding, _gain
 from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.web.status_captures import finding
 
@@ -230,16 +230,43 @@ def test_captures_ls_and_the_status_page_show_the_verdict() -> None:
     assert "not analysed" in page_finding({"verdict": None, "skipped": "x"})
 
 
+GAIN = {"before_s": 0.072, "after_s": 0.0544, "share": 0.2444, "assumptions": ["the <next> batch is ready"]}
+
+
+def gained(gain: dict[str, Any] | None, kind: str = "input_bound") -> dict[str, Any]:
+    """An analysis whose verdict's finding has this gain (None: analysed before gains were estimated)."""
+    finding = {"kind": kind, "severity": "high", "share": 0.25, "summary": "25% waits", "evidence": [],
+               "gain": gain}
+    return summarise({"traces": [{"source": "t", "findings": [finding]}]})
+
+
+def test_captures_ls_and_the_status_page_show_what_fixing_the_verdict_would_buy() -> None:
+    assert _gain(gained(GAIN)) == "-24% step"
+    assert _gain(gained({"not_estimated": "no model"}, "costly_op")) == "n/e"
+    assert _gain(gained(None)) == _gain({"verdict": "healthy", "findings": []}) == _gain(None) == "-"
+    cell = page_finding(gained(GAIN))
+    # The step times under the headline, what the estimate assumes on hover (escaped).
+    assert ('<div class="small gain" title="72.0 -&gt; 54.4 ms a step (24% less), assuming the &lt;next&gt; '
+            'batch is ready">fixing it: 72.0 -&gt; 54.4 ms a step (24% less)</div>') in cell
+    assert cell.index("headline") < cell.index("fixing it")
+    assert ('<div class="small muted gain" title="no &lt;model&gt;">fixing it: not estimated</div>'
+            in page_finding(gained({"not_estimated": "no <model>"}, "costly_op")))
+    assert "fixing it" not in page_finding(gained(None))
+    assert "fixing it" not in page_finding({"verdict": "healthy", "headline": "healthy: no finding",
+                                            "findings": []})
+
+
 def page_finding(analysis: dict[str, Any]) -> str:
     """The status page's verdict cell of a user's capture with this analysis."""
     return finding(CaptureRecord(id="c", trigger=Trigger("user", user="unix"), gpu=0, pids=(), targets=(),
                                  start=0.0, duration_s=1.0, bytes=0, outcome="captured", analysis=analysis))
 
 
-def analysed_record(store: CaptureStore, trigger: Trigger) -> CaptureRecord:
+def analysed_record(store: CaptureStore, trigger: Trigger,
+                    gain: dict[str, Any] | None = None) -> CaptureRecord:
     record = store_capture(store, input_bound_trace(), trigger=trigger)
     finding = {"kind": "input_bound", "severity": "high", "share": 0.5, "summary": "50% waits",
-               "evidence": []}
+               "evidence": [], "gain": gain}
     return store.annotate(record.id, summarise({"traces": [{"source": "t", "findings": [finding]}]}))
 
 
@@ -264,6 +291,14 @@ def test_the_alert_that_triggered_a_capture_carries_its_verdict_to_alertmanager(
     _, item = notifier._from_alert(alert("GpuLowUtilization", 3, record.start - 60), time.time())
     assert item["annotations"]["diagnosis"] == "input_bound: 50% waits"
     assert item["annotations"]["capture_id"] == record.id
+    assert "capture_gain" not in item["annotations"]  # a record analysed before gains were estimated
+    # What fixing the verdict's finding would buy, and what that assumes; or why it is not estimated.
+    for gain, said in ((GAIN, "fixing input_bound: 72.0 -> 54.4 ms a step (24% less), assuming the <next> "
+                              "batch is ready"),
+                       ({"not_estimated": "why"}, "fixing input_bound: gain not estimated: why")):
+        verdicts.on_analysed(analysed_record(store, ALERT, gain))
+        _, item = notifier._from_alert(alert("GpuLowUtilization", 3, record.start - 60), time.time())
+        assert item["annotations"]["capture_gain"] == said
     for other in (alert("GpuLowUtilization", 2, record.start - 60), alert("GpuThrottled", 3, 0.0),
                   alert("GpuLowUtilization", 3, record.start + 600)):  # a later alert: not its capture
         assert "diagnosis" not in notifier._from_alert(other, time.time())[1]["annotations"]
@@ -276,12 +311,18 @@ def test_the_event_log_follows_an_alert_with_what_its_capture_showed(store: Capt
         lines = CaptureEventLines(log)
         lines.record_analysis(analysed_record(store, Trigger("alert", alertname="GpuLowUtilization")))
         lines.record_analysis(analysed_record(store, Trigger("user", user="alice")))
+        lines.record_analysis(analysed_record(store, Trigger("alert", alertname="GpuLowUtilization"), GAIN))
         assert log.flush()
     finally:
         log.close()
-    (line,) = (tmp_path / "alerts.jsonl").read_text().splitlines()
+    line, with_gain = (tmp_path / "alerts.jsonl").read_text().splitlines()
     event = json.loads(line)
     assert event["event"] == "capture_analysis" and event["name"] == "GpuLowUtilization"
     assert (event["gpu"], event["verdict"]) == (3, "input_bound")
     assert event["findings"] == [{"kind": "input_bound", "severity": "high", "share": 0.5,
-                                  "summary": "50% waits"}]
+                                  "summary": "50% waits", "gain": None}]
+    assert event["verdict_gain"] is None and event["gain_together"] is None
+    event = json.loads(with_gain)
+    assert event["findings"][0]["gain"] == GAIN
+    assert event["verdict_gain"] == ("fixing input_bound: 72.0 -> 54.4 ms a step (24% less), assuming the "
+                                     "<next> batch is ready")

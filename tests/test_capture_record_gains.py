@@ -57,7 +57,8 @@ def test_the_verdicts_finding_is_the_one_that_made_it() -> None:
     assert both["verdict"] == "input_bound"
     found = verdict_finding(both)
     assert found is not None and found["kind"] == "input_bound"
-    assert verdict_gain_text(both, assumptions=False) == "fixing input_bound: 72.0 -> 54.4 ms a step (24% less)"
+    assert verdict_gain_text(both, assumptions=False) == (
+        "fixing input_bound: 72.0 -> 54.4 ms a step (24% less)")
     healthy = summarise({"traces": [{"source": "t", "findings": [], "verdict": "healthy"}]})
     assert verdict_finding(healthy) is None and verdict_gain_text(healthy) is None
 

@@ -419,3 +419,81 @@ def test_viewer_hints_per_format() -> None:
     assert len(both) == 2 and both[0].startswith("view the XSpace trace: tensorboard --logdir /tmp/dl")
     assert both[1] == ("view the PyTorch trace: open /tmp/dl/**/*.pt.trace.json* in https://ui.perfetto.dev "
                        "(or chrome://tracing)")
+
+
+TRACES = Path(__file__).parent / "fixtures" / "traces"
+
+
+class RecordedTraceBackend(FakeBackend):
+    """Writes a real trace (a fixture of a real job), as PyTorch's Kineto backend names it."""
+
+    def __init__(self, trace: Path) -> None:
+        super().__init__()
+        self.trace = trace
+
+    def capture(self, target: CaptureTarget, duration_s: float, staging: StagingArea, *,
+                deadline_s: float) -> BackendResult:
+        self.calls.append((time.time(), target.address, duration_s))
+        with staging.new_file("node_4242.1700000000000", ".pt.trace.json.gz") as new:
+            new.file.write(self.trace.read_bytes())
+            return BackendResult("captured", files=(new.publish(),))
+
+
+def test_explain_and_ls_say_what_fixing_each_finding_would_buy(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`captures explain` diagnoses the stored traces: each finding's gain, and all the fixes' together;
+    `captures ls` shows the verdict's gain from the record's analysis (the worker's summary of that
+    report), and its --json carries the record's gains as they are."""
+    from gpuscope.capture.analysis_worker import summarise
+
+    backend = RecordedTraceBackend(TRACES / "h100" / "seg_masked_loss.pt.trace.json.gz")
+    with running_node(tmp_path, backend=backend, snapshot=one_gpu_snapshot()) as node:
+        sock = str(node.socket)
+        ids = []
+        for trace in ("h100/seg_masked_loss.pt.trace.json.gz", "h200_pytorch_input_loop.pt.trace.json.gz"):
+            backend.trace = TRACES / trace
+            code, out, err = cli(["capture", "--gpu", "0", "--duration", "100ms", "--json", "--socket", sock],
+                                 capsys)
+            assert code == 0, err
+            ids.append(json.loads(out)["id"])
+        masked, input_loop = ids
+        code, text, err = cli(["captures", "explain", masked, "--socket", sock], capsys)
+        assert code == 0, err
+        code, out, err = cli(["captures", "explain", masked, "--json", "--socket", sock], capsys)
+        assert code == 0, err
+        report = json.loads(out)
+        assert node.store is not None
+        node.store.annotate(masked, summarise(report))
+        code, out, err = cli(["captures", "explain", input_loop, "--json", "--socket", sock], capsys)
+        assert code == 0, err
+        node.store.annotate(input_loop, summarise(json.loads(out)))
+        code, table, err = cli(["captures", "ls", "--socket", sock], capsys)
+        assert code == 0, err
+        code, out, err = cli(["captures", "ls", "--json", "--socket", sock], capsys)
+        assert code == 0, err
+        listed = {r["id"]: r for r in json.loads(out)}
+
+    # explain: every finding's gain, as words and as JSON, and the fixes' together.
+    (trace,) = report["traces"]
+    gains = {f["kind"]: f["gain"] for f in trace["findings"]}
+    assert gains["layout_conversion"]["before_s"] > gains["layout_conversion"]["after_s"] > 0
+    assert "not_estimated" in gains["tensor_cores_idle"]
+    together = trace["gain_together"]
+    assert together["after_s"] < gains["layout_conversion"]["after_s"]
+    assert text.count("fixing it: ") == len(trace["findings"])
+    assert "fixing it: gain not estimated: the replay does not model" in text
+    before, after = together["before_s"] * 1e3, together["after_s"] * 1e3
+    assert f"fixing all of them: {before:.1f} -> {after:.1f} ms a step" in text
+    # ls: the verdict's finding's gain (not estimated for tensor cores; 29% less for the host syncs).
+    head, *rows = table.splitlines()
+    gain_at = head.index("GAIN")
+    cells = {row.split()[0]: row[gain_at:].split()[:2] for row in rows if row.split()[0] in ids}
+    assert cells == {masked: ["n/e", "tsl"], input_loop: ["-29%", "step"]}, table
+    assert rows[-1].startswith("GAIN: the step time fixing the finding saves"), table
+    # ls --json: the record as stored, its gains included.
+    (kept,) = [f for f in listed[masked]["analysis"]["findings"] if f["kind"] == "layout_conversion"]
+    layout = gains["layout_conversion"]
+    assert kept["gain"] == {**layout, "assumptions": layout["assumptions"][:4]}
+    assert listed[masked]["analysis"]["gain_together"]["after_s"] == together["after_s"]
+    (sync,) = [f for f in listed[input_loop]["analysis"]["findings"] if f["kind"] == "host_sync"]
+    assert sync["gain"]["share"] == pytest.approx(0.29, abs=0.005)

@@ -104,6 +104,19 @@ def test_the_snapshot_document_applies_each_processes_setting() -> None:
     assert hidden == full
 
 
+# The stored capture's analysis, as the analysis worker keeps it: each finding's gain (or why there is
+# none) and all the fixes' together travel with the record through both doors.
+ANALYSIS = {"verdict": "input_bound", "headline": "input_bound: 25% waits", "traces": 1,
+            "findings": [{"kind": "input_bound", "severity": "high", "share": 0.25, "per_step": None,
+                          "summary": "25% waits", "evidence": "", "site": "", "trace": "t",
+                          "gain": {"before_s": 0.072, "after_s": 0.0544, "share": 0.2444,
+                                   "assumptions": ["the next batch is ready"]}},
+                         {"kind": "costly_op", "severity": "moderate", "share": 0.1, "per_step": None,
+                          "summary": "s", "evidence": "", "site": "", "trace": "t",
+                          "gain": {"not_estimated": "no model"}}],
+            "gain_together": {"before_s": 0.072, "after_s": 0.05, "share": 0.3056, "assumptions": []}}
+
+
 def test_the_capture_listing_hides_pids_without_export(tmp_path: Path) -> None:
     refusals = RefusalLog()
     refusals.add(RefusedTrigger(at=1.0, trigger=Trigger("user", user="unix"), gpu=None, reason="duration",
@@ -122,6 +135,16 @@ def test_the_capture_listing_hides_pids_without_export(tmp_path: Path) -> None:
     assert shown["enabled"] and shown["downloads"] and shown["refused_count"] == 1
     off = captures_document(None, None, parameters, ProcessExposure(), downloads=True)
     assert off == {"enabled": False, "downloads": False, "captures": [], "refused_count": 0, "refused": []}
+
+
+def test_the_capture_listing_carries_each_records_analysis_with_its_gains(tmp_path: Path) -> None:
+    with CaptureStore(tmp_path / "captures", quota_bytes=1 << 24) as store:
+        analysed = store.annotate(add_capture(store, gpu=0, trace=b"t").id, ANALYSIS)
+        add_capture(store, gpu=1, trace=b"t")  # not analysed yet
+        listing = _parsed(captures_document(store, None, ListParameters(), ProcessExposure(export=False),
+                                            downloads=False))
+    assert {c["id"]: c["analysis"] for c in listing["captures"]}[analysed.id] == ANALYSIS
+    assert sorted(c["analysis"] is None for c in listing["captures"]) == [False, True]
 
 
 def test_a_value_json_cannot_carry_becomes_null() -> None:
@@ -155,7 +178,7 @@ def simulated_node(export: bool, cmdline: bool, user: bool) -> Iterator[tuple[Ru
     try:
         port = free_port()
         with CaptureStore(folder / f"captures-{port}", quota_bytes=1 << 24) as store:
-            add_capture(store, gpu=0, trace=b"trace")
+            store.annotate(add_capture(store, gpu=0, trace=b"trace").id, ANALYSIS)
         env = {"GPUSCOPE_PROCESSES__EXPORT": str(export).lower(),
                "GPUSCOPE_PROCESSES__CMDLINE": str(cmdline).lower(),
                "GPUSCOPE_PROCESSES__USER": str(user).lower(),
@@ -213,6 +236,7 @@ def test_both_doors_serve_the_same_documents(export: bool, cmdline: bool, user: 
     assert ("pids" in stored, "pid" in refusal) == (export, export)
     assert (str(os.getpid()) in json.dumps(listing)) == export
     assert listing["enabled"] and not listing["downloads"]  # no web configuration: no downloads over HTTP
+    assert stored["analysis"] == ANALYSIS  # the gains as the record keeps them
 
 
 def test_a_bad_limit_is_refused_alike_at_both_doors() -> None:
