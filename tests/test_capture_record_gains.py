@@ -44,6 +44,8 @@ def test_the_text_the_short_form_and_the_verdicts_gain() -> None:
     assert gain_text(ESTIMATED, assumptions=False) == "72.0 -> 54.4 ms a step (24% less)"
     assert gain_text(NOT_ESTIMATED) == f"gain not estimated: {NOT_ESTIMATED['not_estimated']}"
     assert (gain_short(ESTIMATED), gain_short(NOT_ESTIMATED), gain_short(None)) == ("-24% step", "n/e", "-")
+    assert [gain_short({**ESTIMATED, "share": share}) for share in (0.001, 0.0, -0.03)] == [
+        "0% step", "0% step", "+3% step"]
     assert verdict_gain_text(analysis({"gain": ESTIMATED}), assumptions=False) == (
         "fixing input_bound: 72.0 -> 54.4 ms a step (24% less)")
     assert verdict_gain_text(analysis({"kind": "tensor_cores_idle", "gain": NOT_ESTIMATED})) == (

@@ -70,11 +70,15 @@ def gain_text(gain: Any, *, assumptions: bool = True) -> str | None:
 
 
 def gain_short(gain: Any) -> str:
-    """A few characters for a table cell: "-25% step", "n/e" (not estimated) or "-" (no gain)."""
+    """A few characters for a table cell: "-25% step" (the step time saved), "n/e" (not estimated) or
+    "-" (no gain); "0% step" when the fix would save nothing, "+3% step" should it cost time."""
     if not_estimated_reason(gain) is not None:
         return "n/e"
     found = estimated(gain)
-    return "-" if found is None else f"-{found[2] * 100:.0f}% step"
+    if found is None:
+        return "-"
+    percent = round(found[2] * 100)
+    return f"-{percent}% step" if percent > 0 else f"+{-percent}% step" if percent < 0 else "0% step"
 
 
 def verdict_gain_text(analysis: Mapping[str, Any] | None, *, assumptions: bool = True) -> str | None:
