@@ -4,13 +4,17 @@ exported (the exact exposition), and that it survives an agent restart through t
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from snapshots import FakeSource, gpu_uuid, make_gpu, make_snapshot
 from test_capture_analysis import LIMITS, analysed, input_bound_trace, store_capture
 from test_exporter import CATALOGUE, CatalogueRow, catalogue_section, parse_catalogue
+from test_prometheus_rules import promtool
 
 from gpuscope.capture.analysis_worker import AnalysisWorker
 from gpuscope.capture.diagnoses import FindingShare, LatestDiagnoses, diagnosis_of
@@ -221,3 +225,35 @@ def _holding(*records: CaptureRecord) -> LatestDiagnoses:
     diagnoses = LatestDiagnoses()
     diagnoses.load(records)
     return diagnoses
+
+
+def test_the_documented_queries_give_held_gpu_hours_by_cause_and_by_fix(tmp_path: Path) -> None:
+    """docs/metrics.md's PromQL, run by promtool over an hour (not a week: promtool evaluates the rules
+    every minute) of three held GPUs: GPU 0 input-bound (its fix wins back 30% of the step time), GPU 1
+    undiagnosed, GPU 3 diagnosed two days ago; GPU 2, diagnosed but not held, counts in neither."""
+    section = catalogue_section(CATALOGUE.read_text(), "Diagnosis")
+    documented = re.findall(r"```promql\n(.*?)```", section, re.DOTALL)
+    queries = [query.replace("[7d:1m]", "[1h:1m]") for query in documented]
+    assert len(queries) == 2 and all("[1h:1m]" in query for query in queries)
+    rules = {"groups": [{"name": "docs", "rules": [
+        {"record": "by_cause", "expr": queries[0]}, {"record": "by_fix", "expr": queries[1]}]}]}
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    held = [{"series": f'gpu_process_info{{instance="a",gpu="{gpu}",uuid="U{gpu}",pid="{gpu}"}}',
+             "values": "1x60"} for gpu in (0, 1, 3)]
+    diagnosed = [{"series": f'gpuscope_diagnosis_{name}{{instance="a",gpu="{gpu}",uuid="U{gpu}"{extra}}}',
+                  "values": f"{value}x60"} for gpu, start in ((0, 0), (2, 0), (3, -2 * 86400))
+                 for name, extra, value in (("verdict", ',verdict="input_bound"', "1"),
+                                            ("timestamp_seconds", "", str(start)),
+                                            ("gain_share", ',finding="input_bound"', "0.3"))]
+    tests = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": held + diagnosed,
+        "promql_expr_test": [
+            {"expr": "by_cause", "eval_time": "1h",
+             "exp_samples": [{"labels": 'by_cause{verdict="input_bound"}', "value": 1 / 3}]},
+            # An hour at 1m steps is 61 samples, both ends included: 0.3 of 61 minutes, in hours.
+            {"expr": "by_fix", "eval_time": "1h",
+             "exp_samples": [{"labels": 'by_fix{finding="input_bound"}', "value": 0.3 * 61 / 60}]}]}]}
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests))
+    result = subprocess.run([promtool(), "test", "rules", "tests.yml"], capture_output=True, text=True,
+                            timeout=120, check=False, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
