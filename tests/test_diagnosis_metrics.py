@@ -148,6 +148,11 @@ def test_a_finding_without_a_share_has_no_share_series_but_keeps_its_gain_and_ve
     assert f'gpuscope_diagnosis_verdict{{gpu="1",uuid="{u1}",verdict="host_sync"}} 1.0' in text
     assert "gpuscope_diagnosis_finding_share" not in text
     assert f'gpuscope_diagnosis_gain_share{{finding="host_sync",gpu="1",uuid="{u1}"}} 0.4' in text
+    # Beside a trace that measured it, even at 0, the measured share stands; the gain is the estimated one.
+    both = {"verdict": "host_sync", "findings": [finding("host_sync", "high", None, gain(0.4), "a"),
+                                                 finding("host_sync", "low", 0.0, None, "b")]}
+    diagnosis = diagnosis_of(record(1, both))
+    assert diagnosis is not None and diagnosis.findings == (FindingShare("host_sync", "low", 0.0, 0.4),)
 
 
 def test_only_known_names_and_shares_within_0_1_pass() -> None:

@@ -86,7 +86,9 @@ def _finding(raw: Any) -> FindingShare | None:
 
 def _merged(kept: FindingShare, other: FindingShare) -> FindingShare:
     """Two traces' findings of one kind: the larger share with its severity, the larger gain."""
-    larger = other if (other.share or -1.0) > (kept.share or -1.0) else kept
+    unmeasured = -1.0  # a share of None ranks below every measured one
+    larger = other if ((other.share if other.share is not None else unmeasured)
+                       > (kept.share if kept.share is not None else unmeasured)) else kept
     gains = [g for g in (kept.gain_share, other.gain_share) if g is not None]
     return FindingShare(larger.kind, larger.severity, larger.share, max(gains) if gains else None)
 
