@@ -8,6 +8,7 @@ Each fix returns a changed copy of the graph and adds what it assumes to ``graph
 from __future__ import annotations
 
 import re
+import statistics
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from gpuscope.analysis.model import Kind, Trace
 from gpuscope.analysis.patterns import INPUT_OP
 from gpuscope.analysis.replay import replay, step_time
 from gpuscope.analysis.replay_graph import (
+    DEFAULT_LAUNCH_LATENCY_US,
     DEVICE,
     EPSILON_US,
     HOST,
@@ -287,10 +289,12 @@ def overlap_communication(graph: StepGraph) -> StepGraph:
     fixed.prev = array("q", graph.prev)
     is_collective = set(collective)
     gap = max(fixed.device_gap, 0.0)
+    latency = _compute_launch_latency(graph, is_collective)
     last_collective: dict[int, int] = {}
     for i in collective:  # in order of start on each stream: the nodes were added so
         fixed.prev[i] = last_collective.get(graph.track[i], -1)
         fixed.prev_lag[i] = gap if fixed.prev[i] >= 0 else 0.0
+        fixed.launch_lag[i] = min(fixed.launch_lag[i], latency)
         if fixed.prev[i] < 0 and fixed.launch[i] < 0:
             fixed.prev[i] = graph.prev[i]  # nothing else to start it by: it keeps its place
             fixed.prev_lag[i] = graph.prev_lag[i]
@@ -307,9 +311,9 @@ def overlap_communication(graph: StepGraph) -> StepGraph:
             fixed.prev[i] = prev
             fixed.prev_lag[i] = gap
             freed += 1
-        elif _after_collective(graph, i, ends):
+        elif _after_collective(graph, i, ends, latency):
             fixed.prev_lag[i] = min(fixed.prev_lag[i], gap)
-            fixed.launch_lag[i] = min(fixed.launch_lag[i], fixed.launch_latency)
+            fixed.launch_lag[i] = min(fixed.launch_lag[i], latency)
             freed += 1
     steps = graph.steps.steps
     if steps:
@@ -326,7 +330,17 @@ def overlap_communication(graph: StepGraph) -> StepGraph:
     return fixed
 
 
-def _after_collective(graph: StepGraph, i: int, ends: list[float]) -> bool:
+def _compute_launch_latency(graph: StepGraph, collective: set[int]) -> float:
+    """The median delay from launch to start of the compute kernels that waited for their launch (the
+    device had run out of work): the graph's launch latency counts the collectives', which a wait for
+    the compute (an event) delays."""
+    delays = [graph.start[i] - graph.start[graph.launch[i]] for i in range(len(graph))
+              if graph.kind[i] == DEVICE and i not in collective and graph.launch[i] >= 0
+              and graph.prev[i] >= 0 and graph.end(graph.launch[i]) > graph.end(graph.prev[i])]
+    return statistics.median(delays) if delays else min(graph.launch_latency, DEFAULT_LAUNCH_LATENCY_US)
+
+
+def _after_collective(graph: StepGraph, i: int, ends: list[float], latency: float) -> bool:
     """Whether device work ``i`` started as a collective on another stream ended, later than the work
     before it on its own stream and its launch let it: it waited for the collective (an event)."""
     start = graph.start[i]
@@ -336,7 +350,7 @@ def _after_collective(graph: StepGraph, i: int, ends: list[float]) -> bool:
     ready = graph.end(graph.prev[i]) if graph.prev[i] >= 0 else NEVER
     launch = graph.launch[i]
     if launch >= 0:
-        ready = max(ready, graph.start[launch] + graph.launch_latency)
+        ready = max(ready, graph.start[launch] + latency)
     return ends[at] > ready + EPSILON_US
 
 
