@@ -27,6 +27,7 @@ from gpuscope.analysis.replay_fixes import (
     prefetch_input,
     remove_host_syncs,
     scale_op,
+    use_tensor_cores,
 )
 from gpuscope.analysis.replay_graph import DEVICE, SYNC, StepGraph, build_graph
 from gpuscope.analysis.sources import read_trace
@@ -291,3 +292,18 @@ def test_the_communication_waits_gain_is_the_overlapped_step(tmp_path: Path) -> 
     assert found.share == pytest.approx(3 / 9.06, abs=0.02)
     gain = estimate_gains(trace, [found]).of(found)
     assert (gain.before_ms, gain.after_ms) == (pytest.approx(9.06, rel=0.01), pytest.approx(6.06, rel=0.02))
+
+
+def test_tensor_cores_shorten_fp32_kernels_no_further_than_the_shortest_kernel() -> None:
+    """deep_narrow_mlp's fp32 kernels of a few microseconds stop at the trace's shortest kernel's time:
+    a kernel's fixed cost, not its arithmetic, bounds them."""
+    graph = graph_of("deep_narrow_mlp")
+    fixed = use_tensor_cores(graph)
+    shortest = min(graph.dur[i] for i in range(len(graph)) if graph.kind[i] == DEVICE and graph.dur[i] > 0)
+    changed = [i for i in range(len(graph)) if fixed.dur[i] != graph.dur[i]]
+    assert len(changed) == 1156
+    assert {graph.kind[i] for i in changed} == {DEVICE}
+    floored = [i for i in changed if fixed.dur[i] == shortest]
+    assert floored and len(floored) < len(changed)
+    for i in changed:
+        assert fixed.dur[i] == pytest.approx(max(graph.dur[i] / 7.4, shortest))

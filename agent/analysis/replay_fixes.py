@@ -248,29 +248,34 @@ def fuse_attention(graph: StepGraph, ops: Sequence[str]) -> StepGraph:
 
 def use_tensor_cores(graph: StepGraph) -> StepGraph:
     """tensor_cores_idle: the fp32 matrix and convolution kernels on the SIMT cores run on the tensor
-    cores (autocast to bf16/fp16), ``factor`` times faster, the factor of the GPU's architecture
-    (``tensor_core_speedups``, read from the compute capability the trace records). The kernels of no
-    other class change; the launches stay."""
+    cores (autocast to bf16/fp16), the factor of the GPU's architecture faster (``tensor_core_speedups``,
+    by the compute capability the trace records), and never shorter than the trace's shortest device
+    work (what any kernel costs on this GPU: a kernel of a few microseconds is bound by that, not by
+    its arithmetic). The kernels of no other class change; the launches stay."""
     capability = graph.trace.compute_capability
     speedup = speedup_for(capability)
-    if speedup is None:
+    if speedup is None or capability is None:
         reason = ("the trace does not record the GPU's compute capability" if capability is None else
                   f"no tensor-core speed-up is known for compute capability {capability[0]}.{capability[1]}")
         raise NotModelled(reason)
     factor = speedup.factor
     names = graph.trace.names
+    shortest = min((graph.dur[i] for i in range(len(graph)) if graph.kind[i] == DEVICE and graph.dur[i] > 0),
+                   default=0.0)
     fixed = graph.copy()
-    moved, before = 0, 0.0
+    moved, before, after = 0, 0.0, 0.0
     for i in range(len(fixed)):
         if fixed.kind[i] == DEVICE and classify_name(names[fixed.name[i]]) == "fp32_matmul":
-            before += fixed.dur[i]
-            fixed.dur[i] /= factor
+            took = fixed.dur[i]
+            fixed.dur[i] = max(took / factor, min(took, shortest))
+            before += took
+            after += fixed.dur[i]
             moved += 1
-    assert capability is not None
     fixed.assume(
         "tensor_cores_idle", f"{moved} fp32 matrix kernels ({before / 1e3:.1f} ms) run {factor:.1f}x faster "
         f"on the tensor cores ({speedup.architecture}, {capability[0]}.{capability[1]}: half the "
-        f"{speedup.ratio:g}x of {speedup.source}); kernels bound by memory gain less, about 2x")
+        f"{speedup.ratio:g}x of {speedup.source}), none shorter than the trace's shortest "
+        f"kernel ({shortest:.1f} us): {after / 1e3:.1f} ms; kernels bound by memory gain less, about 2x")
     return fixed
 
 
