@@ -183,3 +183,16 @@ def test_every_corpus_trace_gets_a_gain_or_a_reason_for_each_finding(
                 assert (gain.get("not_estimated")) or (
                     gain["before_s"] > 0 and gain["after_s"] >= 0), (path, found["kind"], gain)
     assert findings > 10
+
+
+def test_unfused_attentions_gain_moves_its_softmax_into_a_fused_kernel() -> None:
+    """timesformer (H100, bf16): 24 attention softmax kernels a trace beside batched matmuls. The step
+    waits for its input (the device idles 59% of it): faster attention does not shorten it."""
+    (path,) = (CORPUS / "tracelens_h100_timesformer").glob("*.pt.trace.json.gz")
+    trace = read_trace(path)
+    (found,) = [f for f in diagnose(trace).findings if f.kind == "dominant_op"]
+    assert found.summary.startswith("unfused attention")
+    gain = estimate_gains(trace, [found]).of(found)
+    (text,) = gain.assumptions
+    assert text.startswith("24 attention softmax kernels (68.8 ms) run inside a fused attention kernel")
+    assert gain.after_ms == pytest.approx(gain.before_ms, rel=0.01)

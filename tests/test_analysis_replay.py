@@ -26,6 +26,7 @@ from gpuscope.analysis.replay_fixes import (
     predict,
     prefetch_input,
     remove_host_syncs,
+    replace_with_dense,
     scale_op,
     use_tensor_cores,
 )
@@ -307,3 +308,19 @@ def test_tensor_cores_shorten_fp32_kernels_no_further_than_the_shortest_kernel()
     assert floored and len(floored) < len(changed)
     for i in changed:
         assert fixed.dur[i] == pytest.approx(max(graph.dur[i] / 7.4, shortest))
+
+
+def test_an_operation_with_no_device_work_has_no_dense_formulation_to_price() -> None:
+    with pytest.raises(NotModelled, match="no device work of aten::nonexistent"):
+        replace_with_dense(graph_of("seg_masked_loss"), "aten::nonexistent")
+
+
+def test_the_dense_formulation_keeps_one_pass_of_each_call() -> None:
+    graph = graph_of("seg_masked_loss")
+    fixed = replace_with_dense(graph, INDEX_BACKWARD)
+    calls = op_calls(graph, {INDEX_BACKWARD, "aten::index"})
+    assert len(calls) == 19  # 12 backward calls on the autograd thread, 7 forward ones on the main thread
+    for nodes in calls.values():
+        kept = sorted(fixed.dur[i] for i in nodes)
+        assert kept[:-1] == [0.0] * (len(nodes) - 1)
+        assert kept[-1] == pytest.approx(min(144.0, sum(graph.dur[i] for i in nodes)), abs=1.0)
