@@ -3,19 +3,32 @@ time, and the fixes move it the way the job's measured pair of traces did."""
 
 from __future__ import annotations
 
+import json
 from functools import cache, partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gpuscope.analysis.diagnose import diagnose
+from gpuscope.analysis.gains import estimate_gains
+from gpuscope.analysis.kineto_json import read_kineto
+from gpuscope.analysis.model import Trace
 from gpuscope.analysis.replay import fidelity, replay, step_time
 from gpuscope.analysis.replay_fixes import (
+    NotModelled,
+    autograd_counterparts,
     close_launch_gaps,
+    fuse_op,
+    op_calls,
+    overlap_communication,
     overlap_untraced_host,
     predict,
     prefetch_input,
     remove_host_syncs,
+    replace_with_dense,
     scale_op,
+    use_tensor_cores,
 )
 from gpuscope.analysis.replay_graph import DEVICE, SYNC, StepGraph, build_graph
 from gpuscope.analysis.sources import read_trace
@@ -166,3 +179,148 @@ def test_a_faster_device_frees_a_host_that_waits_for_room_in_the_launch_queue() 
     prediction = predict(graph, [partial(scale_op, op="autograd::engine::evaluate_function: "
                                                       "ConvolutionBackward0", factor=0.5)])
     assert 30e3 < prediction.after_us < 42e3
+
+
+class TwoStreamSteps:
+    """Kineto steps of a data-parallel job: the host launches a step's work ahead and synchronises at
+    its end; on the device, ``compute`` kernels on stream 7, an all-reduce on stream 21 once they are
+    done, then the optimizer's kernels on stream 7, which wait (an event) for the all-reduce."""
+
+    def __init__(self, compute: int = 10, each: float = 500.0, allreduce: float = 3_000.0,
+                 optimizer: int = 4) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.corr = 0
+        t = 1_000_000.0
+        for n in range(6):
+            host, device = t + 10.0, t + 30.0
+            launched = []
+            for stream, dur in [(7, each)] * compute + [(21, allreduce)] + [(7, each / 2)] * optimizer:
+                launched.append((self.launch(host), stream, dur))
+                host += 10.0
+            for corr, stream, dur in launched:
+                name = ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+                        if stream == 21 else "void at::native::vectorized_elementwise_kernel<4>(int)")
+                self.kernel(name, device, dur, stream, corr)
+                device += dur + (0.0 if stream == 21 else 2.0)
+            self.host("cuda_runtime", "cudaDeviceSynchronize", host, device + 5.0 - host)
+            end = device + 15.0
+            self.host("user_annotation", f"ProfilerStep#{n}", t, end - t)
+            t = end
+
+    def host(self, cat: str, name: str, ts: float, dur: float, corr: int | None = None) -> None:
+        args = {} if corr is None else {"correlation": corr}
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                            "args": args})
+
+    def launch(self, ts: float) -> int:
+        self.corr += 1
+        self.host("cuda_runtime", "cudaLaunchKernel", ts, 5.0, self.corr)
+        return self.corr
+
+    def kernel(self, name: str, ts: float, dur: float, stream: int, corr: int) -> None:
+        self.events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts,
+                            "dur": dur, "args": {"device": 0, "stream": stream, "correlation": corr}})
+
+    def read(self, path: Path) -> Trace:
+        properties = [{"id": 0, "name": "NVIDIA H100", "computeMajor": 9, "computeMinor": 0}]
+        path.write_text(json.dumps({"schemaVersion": 1, "deviceProperties": properties,
+                                    "traceEvents": self.events}))
+        return read_kineto(path)
+
+
+def test_collectives_beside_the_compute_leave_the_step_its_compute(tmp_path: Path) -> None:
+    """5 ms of compute, a 3 ms all-reduce after it, 1 ms of optimizer kernels that wait for it: 9 ms a
+    step. With the all-reduce running beside the compute, the step is its 6 ms of compute."""
+    trace = TwoStreamSteps().read(tmp_path / "ddp.pt.trace.json")
+    graph = build_graph(trace)
+    assert fidelity(trace).error < 0.02
+    prediction = predict(graph, [overlap_communication])
+    assert prediction.before_us == pytest.approx(9_060, rel=0.01)
+    assert prediction.after_us == pytest.approx(6_060, rel=0.02)
+    (assumption,) = prediction.assumptions
+    assert assumption.fix == "communication_wait"
+    assert "6 collective kernels" in assumption.text
+    assert "6 compute kernels no longer wait" in assumption.text  # the optimizer's first, each step
+
+
+def test_a_step_with_overlapped_collectives_is_no_shorter_than_its_communication(tmp_path: Path) -> None:
+    """An 8 ms all-reduce beside 6 ms of compute: the step is the communication's 8 ms."""
+    trace = TwoStreamSteps(allreduce=8_000.0).read(tmp_path / "ddp.pt.trace.json")
+    prediction = predict(build_graph(trace), [overlap_communication])
+    assert prediction.before_us == pytest.approx(14_060, rel=0.01)
+    assert 8_000 <= prediction.after_us < 8_300
+    assert "no shorter than the communication alone (8.0 ms a step)" in prediction.assumptions[0].text
+
+
+def test_collectives_on_the_compute_stream_move_beside_it(tmp_path: Path) -> None:
+    trace = TwoStreamSteps()
+    for event in trace.events:
+        if event["cat"] == "kernel":
+            event["tid"] = event["args"]["stream"] = 7
+    prediction = predict(build_graph(trace.read(tmp_path / "one.pt.trace.json")), [overlap_communication])
+    assert prediction.after_us == pytest.approx(6_060, rel=0.02)
+
+
+def test_overlapping_communication_needs_a_collective() -> None:
+    with pytest.raises(NotModelled, match="no collective kernel"):
+        overlap_communication(graph_of("healthy_mlp_bf16"))
+
+
+def test_a_backward_function_and_its_forward_operator_are_counterparts() -> None:
+    trace = graph_of("seg_masked_loss").trace
+    assert autograd_counterparts(trace, INDEX_BACKWARD) == ["aten::index"]
+    assert autograd_counterparts(trace, "aten::index") == [INDEX_BACKWARD]
+    assert autograd_counterparts(trace, "aten::_unique2") == []
+
+
+def test_a_fused_operation_makes_one_pass_a_call() -> None:
+    """aten::cross_entropy_loss: a log-softmax and an nll_loss reduction a call, 3.2 ms a step; fused,
+    the longest of the two (the reduction, 3.06 ms)."""
+    graph = graph_of("seg_masked_loss")
+    calls = op_calls(graph, {"aten::cross_entropy_loss"})
+    assert {len(nodes) for nodes in calls.values()} == {2}
+    fused = fuse_op(graph, "aten::cross_entropy_loss")
+    for nodes in calls.values():
+        kept = [fused.dur[i] for i in nodes]
+        assert sorted(kept)[0] == 0.0
+        assert max(kept) == max(graph.dur[i] for i in nodes)
+    assert "make one pass a call" in fused.assumptions[-1].text
+
+
+def test_the_communication_waits_gain_is_the_overlapped_step(tmp_path: Path) -> None:
+    trace = TwoStreamSteps().read(tmp_path / "ddp.pt.trace.json")
+    (found,) = [f for f in diagnose(trace).findings if f.kind == "communication_wait"]
+    assert found.share == pytest.approx(3 / 9.06, abs=0.02)
+    gain = estimate_gains(trace, [found]).of(found)
+    assert (gain.before_ms, gain.after_ms) == (pytest.approx(9.06, rel=0.01), pytest.approx(6.06, rel=0.02))
+
+
+def test_tensor_cores_shorten_fp32_kernels_no_further_than_the_shortest_kernel() -> None:
+    """deep_narrow_mlp's fp32 kernels of a few microseconds stop at the trace's shortest kernel's time:
+    a kernel's fixed cost, not its arithmetic, bounds them."""
+    graph = graph_of("deep_narrow_mlp")
+    fixed = use_tensor_cores(graph)
+    shortest = min(graph.dur[i] for i in range(len(graph)) if graph.kind[i] == DEVICE and graph.dur[i] > 0)
+    changed = [i for i in range(len(graph)) if fixed.dur[i] != graph.dur[i]]
+    assert len(changed) == 1156
+    assert {graph.kind[i] for i in changed} == {DEVICE}
+    floored = [i for i in changed if fixed.dur[i] == shortest]
+    assert floored and len(floored) < len(changed)
+    for i in changed:
+        assert fixed.dur[i] == pytest.approx(max(graph.dur[i] / 7.4, shortest))
+
+
+def test_an_operation_with_no_device_work_has_no_dense_formulation_to_price() -> None:
+    with pytest.raises(NotModelled, match="no device work of aten::nonexistent"):
+        replace_with_dense(graph_of("seg_masked_loss"), "aten::nonexistent")
+
+
+def test_the_dense_formulation_keeps_one_pass_of_each_call() -> None:
+    graph = graph_of("seg_masked_loss")
+    fixed = replace_with_dense(graph, INDEX_BACKWARD)
+    calls = op_calls(graph, {INDEX_BACKWARD, "aten::index"})
+    assert len(calls) == 19  # 12 backward calls on the autograd thread, 7 forward ones on the main thread
+    for nodes in calls.values():
+        kept = sorted(fixed.dur[i] for i in nodes)
+        assert kept[:-1] == [0.0] * (len(nodes) - 1)
+        assert kept[-1] == pytest.approx(min(144.0, sum(graph.dur[i] for i in nodes)), abs=1.0)

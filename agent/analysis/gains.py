@@ -1,11 +1,12 @@
 """What fixing each finding would buy: the step time before and after its fix, from a replay of the
 trace's dependency graph (``replay_fixes``), and what the estimate assumes.
 
-Each finding kind maps to the fix its remedy proposes. A kind with no fix the replay can model
-(tensor cores, communication, small grids ...) or an operation whose replacement's cost the trace does
-not show (a costly or dominant operation: its dense or fused equivalent is not in the trace) gets a
-reason instead of a number. The estimate never fails a report: a replay that raises on an unusual
-trace makes every gain "not estimated", and says why in the log.
+Each finding kind maps to the fix its remedy proposes; the fixes of a costly or dominant operation
+take the operation the finding names (its first evidence row). A kind with no fix the replay can model
+(processes sharing the GPU, small grids ...), or a fix that cannot be modelled on this trace (a GPU
+whose tensor-core speed-up is not known, no collective to overlap) gets a reason instead of a number.
+The estimate never fails a report: a replay that raises on an unusual trace makes every gain "not
+estimated", and says why in the log.
 """
 
 from __future__ import annotations
@@ -13,19 +14,26 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from gpuscope.analysis.findings import Finding
 from gpuscope.analysis.model import Trace
 from gpuscope.analysis.replay_fixes import (
     Fix,
+    NotModelled,
     Prediction,
     close_launch_gaps,
+    fuse_attention,
+    fuse_op,
+    overlap_communication,
     overlap_untraced_host,
     predict,
     prefetch_input,
     remove_host_syncs,
     remove_layout_conversions,
+    replace_with_dense,
+    use_tensor_cores,
 )
 from gpuscope.analysis.replay_graph import StepGraph, build_graph
 
@@ -37,14 +45,14 @@ FIXES: dict[str, Fix] = {
     "input_bound": prefetch_input,
     "host_bound": overlap_untraced_host,
     "layout_conversion": remove_layout_conversions,
+    "tensor_cores_idle": use_tensor_cores,
+    "communication_wait": overlap_communication,
 }
 NOT_MODELLED = {
-    "costly_op": "the trace does not show what a dense formulation of the operation would cost",
-    "dominant_op": "the trace does not show what the fused operation would cost",
-    "tensor_cores_idle": "the replay does not model how much faster the kernels run on tensor cores",
-    "communication_wait": "the replay does not model the other ranks the collectives wait for",
-    "shared_gpu": "the replay does not model the other processes on the GPU",
+    "shared_gpu": "the other processes' work on the GPU is not in this trace",
 }
+# How the summary of a dominant_op finding names unfused attention (busy_findings writes it).
+UNFUSED_ATTENTION = "unfused attention"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,19 +110,32 @@ def estimate_gains(trace: Trace, findings: Sequence[Finding]) -> Gains:
         reason = f"the trace could not be replayed ({type(err).__name__})"
         return not_estimated(findings, reason)
     each: list[tuple[Finding, Gain]] = []
-    fixes: list[Fix] = []
+    fixes: dict[str, Fix] = {}  # one fix per kind: the first finding's
     for finding in findings:
-        fix = FIXES.get(finding.kind)
+        fix = fix_for(finding)
         if fix is None:
             reason = NOT_MODELLED.get(finding.kind, f"the replay models no fix for {finding.kind}")
             each.append((finding, Gain(not_estimated=reason)))
             continue
         gain = _gain(graph, [fix], finding.kind)
         each.append((finding, gain))
-        if not gain.not_estimated and fix not in fixes:
-            fixes.append(fix)
-    together = _gain(graph, fixes, "all") if len(fixes) > 1 else None
+        if not gain.not_estimated:
+            fixes.setdefault(finding.kind, fix)
+    together = _gain(graph, list(fixes.values()), "all") if len(fixes) > 1 else None
     return Gains(tuple(each), together)
+
+
+def fix_for(finding: Finding) -> Fix | None:
+    """The fix a finding's remedy proposes, as a change to the graph; None where the replay has none.
+    A costly or dominant operation's fix takes the operation the finding names first."""
+    op = finding.evidence[0].name if finding.evidence else ""
+    if finding.kind == "costly_op" and op:
+        return partial(replace_with_dense, op=op)
+    if finding.kind == "dominant_op" and op:
+        if finding.summary.startswith(UNFUSED_ATTENTION):
+            return partial(fuse_attention, ops=tuple(e.name for e in finding.evidence))
+        return partial(fuse_op, op=op)
+    return FIXES.get(finding.kind)
 
 
 def not_estimated(findings: Sequence[Finding], reason: str) -> Gains:
@@ -125,6 +146,8 @@ def not_estimated(findings: Sequence[Finding], reason: str) -> Gains:
 def _gain(graph: StepGraph, fixes: list[Fix], what: str) -> Gain:
     try:
         prediction = predict(graph, fixes)
+    except NotModelled as err:
+        return Gain(not_estimated=str(err))
     except Exception as err:  # any failure: an estimate is never worth failing the report for
         log.debug("gain of %s in %s: the replay failed", what, graph.trace.source, exc_info=True)
         return Gain(not_estimated=f"the replay failed ({type(err).__name__})")
