@@ -120,7 +120,7 @@ def prefetch_input(graph: StepGraph, workers: int = 1, pattern: re.Pattern[str] 
         per_step = sum(s.covered(steps[0].start, steps[-1].end) for s in spans.values()) / len(steps)
         fixed.floor_us = max(fixed.floor_us, per_step / workers)
         fixed.assume("input_bound", f"the loaders need {per_step / 1e3:.1f} ms a step, "
-                     f"{per_step / workers / 1e3:.1f} ms with {workers}: the step is no shorter")
+                     f"{per_step / workers / 1e3:.1f} ms with {workers}; the step is no shorter than that")
     return fixed
 
 
