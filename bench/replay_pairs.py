@@ -2,7 +2,7 @@
 one measured between a job and its fixed version (not a test: run by hand).
 
 Run: python bench/replay_pairs.py [--pairs input4,input1,sync] [--cycles 5] [--block 12] [--keep DIR]
-                                  [--json]
+                                  [--fixtures tests/fixtures/traces/cpu] [--each] [--json]
 
 Pairs (PyTorch on the CPU, one intra-op thread; both jobs of a pair in one child process):
 
@@ -29,7 +29,8 @@ job's trace of that cycle, through ``predict`` with the fix as the pair makes it
 ``estimate_gains`` on the diagnosis's finding where it gives one. The table prints, per pair, the
 medians over the cycles and the prediction's error (|predicted - measured| / measured), and the
 range of the cycles' own errors. ``--keep DIR`` keeps every trace, and names each pair's median
-cycle (the one a test fixture is taken from).
+cycle; ``--fixtures DIR`` writes each pair's median cycle there (tests/test_replay_pairs.py's
+fixtures).
 """
 
 from __future__ import annotations
@@ -273,6 +274,16 @@ def table(by_pair: dict[str, list[CycleResult]]) -> str:
     return "\n".join(lines)
 
 
+def cycle_table(by_pair: dict[str, list[CycleResult]]) -> str:
+    lines = ["| pair | cycle | measured (ms) | measured speedup | traced (ms) | traced speedup "
+             "| predicted speedup | error |", "|---|---|---|---|---|---|---|---|"]
+    for pair, cycles in by_pair.items():
+        lines.extend(f"| {pair} | {c.cycle} | {c.before_ms:.1f} -> {c.after_ms:.1f} | {c.measured:.2f}x | "
+                     f"{c.traced_before_ms:.1f} -> {c.traced_after_ms:.1f} | {c.traced:.2f}x | "
+                     f"{c.predicted:.2f}x | {c.error * 100:.1f}% |" for c in cycles)
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated, of {', '.join(PAIRS)}")
@@ -284,6 +295,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--keep", type=Path, help="keep the traces and the jobs' results in this folder")
+    parser.add_argument("--fixtures", type=Path, help="write each pair's median cycle here (test fixtures)")
+    parser.add_argument("--each", action="store_true", help="also a row for each cycle")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     pairs = [p for p in args.pairs.split(",") if p]
@@ -300,16 +313,39 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         for pair in pairs:
             by_pair[pair] = run_pair(pair, out, job_args)
+        if args.fixtures:  # while the traces are there
+            write_fixtures(by_pair, args.fixtures)
     if args.json:
         print(json.dumps({pair: [{**asdict(c), "measured": c.measured, "traced": c.traced, "error": c.error}
                                  for c in cycles] for pair, cycles in by_pair.items()}, indent=1))
         return
     print(table(by_pair))
+    if args.each:
+        print()
+        print(cycle_table(by_pair))
     if args.keep:
         print()
         for pair, cycles in by_pair.items():
             middle = median_cycle(cycles)
             print(f"{pair}: median cycle {middle.cycle}: {middle.before_trace}, {middle.after_trace}")
+
+
+def write_fixtures(by_pair: dict[str, list[CycleResult]], folder: Path) -> None:
+    """Each pair's median cycle: its two traces, and ``pairs.json`` with the blocks' step times timed
+    without the profiler in that cycle (what the tests compare the prediction with)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pairs = {}
+    for pair, cycles in by_pair.items():
+        middle = median_cycle(cycles)
+        names = {}
+        for which, path in (("before", middle.before_trace), ("after", middle.after_trace)):
+            names[which] = f"{pair}_{which}.pt.trace.json.gz"
+            shutil.copyfile(path, folder / names[which])
+        pairs[pair] = {"workers": PAIRS[pair], "before_trace": names["before"], "after_trace": names["after"],
+                       "measured_before_ms": round(middle.before_ms, 3),
+                       "measured_after_ms": round(middle.after_ms, 3), "cycle": middle.cycle,
+                       "cycles": len(cycles)}
+    (folder / "pairs.json").write_text(json.dumps(pairs, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
