@@ -202,3 +202,21 @@ def test_a_recorded_cpu_loop_loses_its_input_wait_to_prefetching(loader_trace: T
     replayed = step_times(fixed, replay(fixed))
     for step, after in zip(steps, replayed, strict=True):
         assert after <= step.duration - 0.9 * waits.covered(step.start, step.end) + 1.0
+
+
+def test_the_bench_runs_a_pair_and_reports_each_cycle(tmp_path: Path) -> None:
+    """bench/replay_pairs.py's harness, on one short cycle: the figures are not judged here."""
+    require_torch()
+    bench = Path(__file__).resolve().parent.parent / "bench" / "replay_pairs.py"
+    done = subprocess.run([sys.executable, str(bench), "--pairs", "sync", "--cycles", "1", "--block", "4",
+                           "--skip", "1", "--warmup", "1", "--hidden", "64", "--keep", str(tmp_path / "keep"),
+                           "--fixtures", str(tmp_path / "fixtures"), "--json"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    (cycle,) = json.loads(done.stdout)["sync"]
+    assert cycle["before_ms"] > 0 and cycle["after_ms"] > 0 and cycle["predicted"] > 0
+    assert cycle["how"].startswith("predict(remove_host_syncs)")
+    written = json.loads((tmp_path / "fixtures" / "pairs.json").read_text(encoding="utf-8"))
+    assert written["sync"]["before_trace"] == "sync_before.pt.trace.json.gz"
+    trace = read_trace(tmp_path / "fixtures" / "sync_before.pt.trace.json.gz")
+    assert trace.count(Kind.STEP) == 3  # the block's steps less the one skipped
