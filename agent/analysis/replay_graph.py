@@ -22,6 +22,10 @@ changes durations, lags or edges, and the replay says what follows. The lags of 
 bind are the graph's typical ones (the median launch latency, the median gap between queued kernels):
 what the edge would take if it became the binding one.
 
+A trace without device work or CUDA calls (a CPU run) has only host nodes: each thread's outermost
+operations, and each step's start on the thread that marks the steps. The input pipeline's operations
+are not nodes: their time is host work between the nodes around them, as on a GPU trace.
+
 Cross-thread order is inferred: a host call after a long pause on its thread that follows another
 thread's call ending in that pause (the main thread waiting for the autograd engine's backward pass,
 the autograd thread started by ``backward()``, a PjRt worker given a transfer) waits for that call;
