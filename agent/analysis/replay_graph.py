@@ -22,6 +22,10 @@ changes durations, lags or edges, and the replay says what follows. The lags of 
 bind are the graph's typical ones (the median launch latency, the median gap between queued kernels):
 what the edge would take if it became the binding one.
 
+A trace without device work or CUDA calls (a CPU run) has only host nodes: each thread's outermost
+operations, and each step's start on the thread that marks the steps. The input pipeline's operations
+are not nodes: their time is host work between the nodes around them, as on a GPU trace.
+
 Cross-thread order is inferred: a host call after a long pause on its thread that follows another
 thread's call ending in that pause (the main thread waiting for the autograd engine's backward pass,
 the autograd thread started by ``backward()``, a PjRt worker given a transfer) waits for that call;
@@ -38,7 +42,7 @@ from dataclasses import dataclass, field
 
 from gpuscope.analysis.intervals import IntervalSet
 from gpuscope.analysis.model import DEVICE_KINDS, Kind, Trace
-from gpuscope.analysis.patterns import LAUNCH_RUNTIME, SYNC_RUNTIME
+from gpuscope.analysis.patterns import INPUT_OP, LAUNCH_RUNTIME, SYNC_RUNTIME
 from gpuscope.analysis.steps import Steps, find_steps
 
 HOST, SYNC, DEVICE = 0, 1, 2
@@ -145,7 +149,7 @@ def build_graph(trace: Trace) -> StepGraph:
     events.extend((graph.end(i), 0, ~i) for i in graph.waits)
     events.sort()
     graph.order = [i for _, _, i in events]
-    if not graph.linked and len(graph):
+    if not graph.linked and any(kind == DEVICE for kind in graph.kind):
         graph.assume("replay", "the trace ties no device work to its launch (no correlation ids): the "
                      "device keeps its measured gaps, and a change on the host does not move it")
     return graph
@@ -154,7 +158,8 @@ def build_graph(trace: Trace) -> StepGraph:
 def _host_calls(graph: StepGraph) -> dict[int, int]:
     """The runtime calls, and the host operations that started device work (an XSpace transfer's host
     side carries its correlation id), as host nodes in order on their thread (a call nested in another,
-    a driver call under a runtime one, is part of it); returns the node of each correlation id."""
+    a driver call under a runtime one, is part of it); returns the node of each correlation id. A trace
+    with neither (a CPU run) gets its host operations instead (``_host_operations``)."""
     trace = graph.trace
     runtime, ops, names = trace.spans[Kind.RUNTIME], trace.spans[Kind.HOST_OP], trace.names
     sync_names = {i for i, name in enumerate(names) if SYNC_RUNTIME.match(name)}
@@ -162,6 +167,8 @@ def _host_calls(graph: StepGraph) -> dict[int, int]:
              for i in range(len(runtime))]
     calls.extend((ops.start[i], ops.dur[i], ops.track[i], ops.name[i], ops.corr[i])
                  for i in range(len(ops)) if ops.corr[i] >= 0)
+    if not calls and not trace.has_device:
+        calls = _host_operations(trace)
     calls.sort(key=lambda call: (call[0], -call[1]))
     last: dict[int, int] = {}
     by_corr: dict[int, int] = {}
@@ -178,6 +185,34 @@ def _host_calls(graph: StepGraph) -> dict[int, int]:
             by_corr[corr] = node
     graph.host_tracks = sorted(last)
     return by_corr
+
+
+def _host_operations(trace: Trace) -> list[tuple[float, float, int, int, int]]:
+    """A trace without device work or runtime calls (a CPU run) depends on nothing but each thread's
+    order: its nodes are the outermost host operations of each thread (the step's computation, the
+    optimizer's step ...), nested ones being part of them. The input pipeline's operations (a
+    DataLoader's ``__next__`` and what runs inside it) are not nodes: as on a GPU trace, where they
+    launch nothing, their time is host work between the nodes around them, which is what a fix that
+    moves the input off the step's thread (``prefetch_input``) takes out."""
+    ops, names = trace.spans[Kind.HOST_OP], trace.names
+    inputs = {i for i, name in enumerate(names) if INPUT_OP.search(name)}
+    order = sorted(range(len(ops)), key=lambda i: (ops.start[i], -ops.dur[i]))
+    open_until: dict[int, float] = {}  # per thread: the end of its outermost operation, or input span
+    found = []
+    for i in order:
+        start, dur, track = ops.start[i], ops.dur[i], ops.track[i]
+        if start < open_until.get(track, float("-inf")) - EPSILON_US:
+            continue
+        open_until[track] = start + dur
+        if ops.name[i] not in inputs:
+            found.append((start, dur, track, ops.name[i], -1))
+    # Each step's start, a node of no duration on the thread that marks it: the first step's input
+    # wait is then host work after a node too, not time before the thread's first node (which a
+    # replay keeps where it was).
+    steps = trace.spans[Kind.STEP]
+    found.extend((steps.start[i], 0.0, steps.track[i], steps.name[i], -1) for i in range(len(steps))
+                 if not trace.tracks[steps.track[i]].startswith("GPU "))
+    return found
 
 
 def _device_work(graph: StepGraph, by_corr: dict[int, int]) -> None:
