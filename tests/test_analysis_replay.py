@@ -324,3 +324,31 @@ def test_the_dense_formulation_keeps_one_pass_of_each_call() -> None:
         kept = sorted(fixed.dur[i] for i in nodes)
         assert kept[:-1] == [0.0] * (len(nodes) - 1)
         assert kept[-1] == pytest.approx(min(144.0, sum(graph.dur[i] for i in nodes)), abs=1.0)
+
+
+def test_an_input_wait_the_trace_ends_in_is_taken_out_too(tmp_path: Path) -> None:
+    """Two 10 ms steps, each 4 ms of kernels then 6 ms waiting for the next batch: the last step's
+    wait has no call after it (the capture ended), and prefetching takes it out as it does the first's."""
+    events: list[dict[str, Any]] = []
+    for n in range(2):
+        start = 1_000_000.0 + n * 10_000.0
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1,
+                       "ts": start, "dur": 10_000.0, "args": {}})
+        for k in range(4):
+            corr = n * 10 + k + 1
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                           "ts": start + 10.0 + k * 20.0, "dur": 5.0, "args": {"correlation": corr}})
+            events.append({"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16", "pid": 0, "tid": 7,
+                           "ts": start + 30.0 + k * 1_000.0, "dur": 990.0,
+                           "args": {"device": 0, "stream": 7, "correlation": corr}})
+        events.append({"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": start + 4_000.0,
+                       "dur": 6_000.0, "args": {},
+                       "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"})
+    path = tmp_path / "ends_waiting.pt.trace.json"
+    path.write_text(json.dumps({"deviceProperties": [{"id": 0}], "traceEvents": events}))
+    trace = read_kineto(path)
+    assert fidelity(trace).error < 0.02
+    prediction = predict(trace, [partial(prefetch_input, workers=8)])
+    assert prediction.before_us == pytest.approx(10_000.0, rel=0.02)
+    # Both steps lose their wait: what is left is the kernels' 4 ms (with 8 loaders, 0.75 ms of loading).
+    assert prediction.after_us == pytest.approx(4_030.0, rel=0.05)

@@ -97,8 +97,11 @@ def _host_time(graph: StepGraph, replayed: Replayed, on_track: list[int], starts
     i = on_track[at]
     if mark < graph.end(i):
         return mark + replayed.start[i] - graph.start[i]
-    if at + 1 == len(on_track):
-        return mark + replayed.end[i] - graph.end(i)
+    if at + 1 == len(on_track):  # after the thread's last node: less what a fix took out of that tail
+        tail = graph.steps.steps[-1].end - graph.end(i)
+        cut = min(graph.tail_cut.get(graph.track[i], 0.0), tail)
+        scale = (tail - cut) / tail if tail > 0 else 1.0
+        return replayed.end[i] + (mark - graph.end(i)) * scale
     following = on_track[at + 1]
     gap = graph.start[following] - graph.end(i)
     scale = (replayed.start[following] - replayed.end[i]) / gap if gap > 0 else 0.0
@@ -107,7 +110,7 @@ def _host_time(graph: StepGraph, replayed: Replayed, on_track: list[int], starts
 
 def device_span(graph: StepGraph, replayed: Replayed | None = None) -> float:
     """From the first start to the last end of the device work that ran within the steps (as measured),
-    measured or replayed; 0 without any. The work that ran, not the work the steps launched: a host a
+    or the steps' end if later (device work tied to its launches), measured or replayed; 0 without any. The work that ran, not the work the steps launched: a host a
     launch queue ahead of the device launches work that runs after the recording ends."""
     marks = boundaries(graph)
     if not marks:
@@ -119,7 +122,14 @@ def device_span(graph: StepGraph, replayed: Replayed | None = None) -> float:
         if graph.kind[i] == DEVICE and first <= graph.start[i] < last:
             lo = min(lo, starts[i])
             hi = max(hi, graph.end(i) if ends is None else ends[i])
-    return hi - lo if hi > lo else 0.0
+    if hi <= lo:
+        return 0.0
+    if not graph.linked:  # the device keeps its measured times: its idle end is not the host's to move
+        return hi - lo
+    # To the steps' end where the device went idle before it: a device idle at the end for want of
+    # work (a host waiting for input) is time the steps took, which a fix on the host may take out.
+    end = last if replayed is None else boundaries(graph, replayed)[-1]
+    return max(hi, end) - lo
 
 
 def step_times(graph: StepGraph, replayed: Replayed | None = None) -> list[float]:

@@ -496,7 +496,8 @@ def _shorten_host_work(graph: StepGraph, spans: dict[int, IntervalSet], fix: str
                        assumption: str) -> StepGraph:
     """The host work between consecutive calls on each thread less the time ``spans`` cover in it; the
     lag of a cross-thread wait less what they cover on the thread waited for (its work before it let
-    the other go)."""
+    the other go); and what they cover after a thread's last node, up to the last step's end (a trace
+    that ends in an input wait), as the thread's ``tail_cut``."""
     fixed = graph.copy()
     removed = 0.0
     for i in range(len(fixed)):
@@ -513,5 +514,17 @@ def _shorten_host_work(graph: StepGraph, spans: dict[int, IntervalSet], fix: str
         if covered is not None:
             cut = covered.covered(graph.end(other), graph.start[i])
             fixed.cross_lag[i] = max(0.0, fixed.cross_lag[i] - cut)
+    steps = graph.steps.steps
+    if steps:  # the host work after each thread's last node, up to the last step's end
+        last: dict[int, int] = {}
+        for i in range(len(fixed)):
+            if fixed.kind[i] != DEVICE:
+                last[fixed.track[i]] = i
+        for track, i in last.items():
+            covered = spans.get(track)
+            cut = covered.covered(graph.end(i), steps[-1].end) if covered is not None else 0.0
+            if cut > 0:
+                fixed.tail_cut[track] = fixed.tail_cut.get(track, 0.0) + cut
+                removed += cut
     fixed.assume(fix, f"{assumption} ({removed / 1e3:.1f} ms of host work taken out)")
     return fixed

@@ -98,6 +98,9 @@ class StepGraph:
     # The least a step can take whatever the replay says (a background loader's own time per step),
     # microseconds; a fix sets it.
     floor_us: float = 0.0
+    # Per host thread: the host work a fix took out after the thread's last node (an input wait the
+    # trace ends in, with no call after it), microseconds.
+    tail_cut: dict[int, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.start)
@@ -110,7 +113,7 @@ class StepGraph:
             array("d", self.launch_lag), array("q", self.cross), array("d", self.cross_lag),
             {k: list(v) for k, v in self.waits.items()}, dict(self.sync_overhead), dict(self.sync_tail),
             self.order, self.host_tracks, self.launch_latency, self.device_gap, self.linked,
-            list(self.assumptions), self.floor_us)
+            list(self.assumptions), self.floor_us, dict(self.tail_cut))
 
     def assume(self, fix: str, text: str) -> None:
         self.assumptions.append(Assumption(fix, text))
