@@ -110,8 +110,9 @@ def _host_time(graph: StepGraph, replayed: Replayed, on_track: list[int], starts
 
 def device_span(graph: StepGraph, replayed: Replayed | None = None) -> float:
     """From the first start to the last end of the device work that ran within the steps (as measured),
-    or the steps' end if later (device work tied to its launches), measured or replayed; 0 without any. The work that ran, not the work the steps launched: a host a
-    launch queue ahead of the device launches work that runs after the recording ends."""
+    or the steps' end if later (device work tied to its launches), measured or replayed; 0 without
+    any. The work that ran, not the work the steps launched: a host a launch queue ahead of the device
+    launches work that runs after the recording ends."""
     marks = boundaries(graph)
     if not marks:
         return 0.0
