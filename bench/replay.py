@@ -99,7 +99,8 @@ def main() -> None:
               f"{r['replayed_ms']} ms replayed")
         for name, fix in r["fixes"].items():
             after = fix["after_ms"]
-            print(f"  {name}: {f'{after} ms after' if isinstance(after, float) else after}, {fix['seconds']} s")
+            shown = f"{after} ms after" if isinstance(after, float) else after
+            print(f"  {name}: {shown}, {fix['seconds']} s")
         print(f"  diagnosis {r['diagnose_s']} s, every finding's gain (estimate_gains) {r['gains_s']} s:")
         for kind, text in r["gains"].items():
             print(f"    {kind}: {text}")
