@@ -156,6 +156,7 @@ def test_full_snapshot_renders_exactly_the_catalogue() -> None:
     documented -= set(parse_catalogue(catalogue_section(text, "Captures")))
     documented -= set(parse_catalogue(catalogue_section(text, "Sources")))  # SourceHealthCollector's
     documented -= set(parse_catalogue(catalogue_section(text, "The HTTP port")))  # WebCollector's
+    documented -= set(parse_catalogue(catalogue_section(text, "OTLP export")))  # tests/test_otlp_delivery.py
     documented = {row for row in documented if not row.name.startswith("gpuscope_pod_resources_")}
     emitted = set()
     for family in collect(make_full_snapshot(), include_cmdline=True).values():
