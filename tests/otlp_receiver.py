@@ -48,7 +48,7 @@ class Receiver:
 class _Handler(BaseHTTPRequestHandler):
     receiver: Receiver
 
-    def do_POST(self) -> None:  # noqa: N802 - the standard library's name
+    def do_POST(self) -> None:
         receiver = self.receiver
         if receiver.hang.is_set():
             receiver.release.wait(30)
@@ -72,7 +72,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the standard library's name
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 
