@@ -91,7 +91,8 @@ def test_the_section_wins_over_the_environment(tmp_path: Path, monkeypatch: pyte
            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_TIMEOUT": "1000",
            "OTEL_EXPORTER_OTLP_HEADERS": "authorization=from-env,x-other=kept", "TENANT": "team-b"}
     headers = {"Authorization": {"file": str(token)}, "X-Tenant": {"env": "TENANT"}}
-    section = config(endpoint="http://from-config:4318", protocol="http/protobuf", timeout="4s", headers=headers)
+    section = config(endpoint="http://from-config:4318", protocol="http/protobuf", timeout="4s",
+                     headers=headers)
     target = resolve_target(section, env)
     assert target.url == "http://from-config:4318/v1/metrics"  # a URL without a path gets the signal's
     assert target.protocol == "http/protobuf" and target.timeout_seconds == 4.0
