@@ -1,15 +1,18 @@
 """Fixtures shared by several test modules: real JAX jobs to capture (each takes seconds to start,
-so they live for the whole session and every capture test reuses them)."""
+so they live for the whole session and every capture test reuses them), and a real OpenTelemetry
+Collector for the OTLP tests (one per test: tests/otel_collector.py)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from capturing import Workload, require_jax, start_jax, stop, wait_ready
 from hypothesis import HealthCheck, settings
+from otel_collector import OtelCollector, running_collector
 
 # Hypothesis (tests/test_fuzz_*.py, which keep no example database) caches what it learns of the code
 # and of Unicode in .hypothesis/ under the working directory: in the temporary directory instead.
@@ -46,3 +49,11 @@ def idle_jax_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workload]
         yield workload
     finally:
         stop(workload)
+
+
+@pytest.fixture
+def otel_collector(tmp_path: Path) -> Iterator[OtelCollector]:
+    """A real OpenTelemetry Collector (tests/otel_collector.py), started, its receivers on loopback;
+    skips where scripts/build-otelcol has not built it."""
+    with running_collector(tmp_path / "otelcol") as collector:
+        yield collector
