@@ -91,3 +91,76 @@ def otlp_receiver(path: str = "/v1/metrics") -> Iterator[Receiver]:
         receiver.release.set()
         server.shutdown()
         server.server_close()
+
+
+class LoopbackCollector:
+    """A stand-in for tests/otel_collector.py's OtelCollector where no Collector binary was built: the
+    same interface (endpoint_http, start, stop, read_metrics, wait_for_metrics), a loopback receiver
+    that keeps its port across restarts, and the requests it accepted as the Collector's file
+    exporter would write them (OTLP/JSON, parsed by the same parse_metrics_line)."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self.port = 0
+        self.start()
+
+    @property
+    def endpoint_http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                from google.protobuf import json_format
+
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                request = ExportMetricsServiceRequest()
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                request.ParseFromString(body)
+                with owner._lock:
+                    owner._lines.append(json_format.MessageToJson(request, indent=None))
+                payload = ExportMetricsServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server.daemon_threads = True
+        self.port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self._server = server
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+    def read_metrics(self) -> list[Any]:
+        from otel_collector import parse_metrics_line
+
+        with self._lock:
+            lines = list(self._lines)
+        return [point for line in lines for point in parse_metrics_line(line)]
+
+    def wait_for_metrics(self, condition: Any = None, timeout: float = 15.0) -> list[Any]:
+        import time
+
+        check = condition or bool
+        deadline = time.monotonic() + timeout
+        while True:
+            points = self.read_metrics()
+            if check(points):
+                return points
+            assert time.monotonic() < deadline, f"the stand-in received {len(points)} points, not the awaited"
+            time.sleep(0.05)
