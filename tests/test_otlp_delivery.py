@@ -261,3 +261,44 @@ def test_the_self_metrics_render_exactly_their_catalogue_section() -> None:
                   if isinstance(f, CounterMetricFamily) and f.name == "gpuscope_otlp_exports"]
     assert {s.labels["outcome"]: s.value for s in exports.samples} == {"sent": 1.0, "failed": 0.0,
                                                                        "dropped": 0.0}
+
+
+# -- gRPC ----------------------------------------------------------------------------------------------------
+
+
+def test_grpc_pushes_with_metadata_and_maps_status_codes() -> None:
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+
+    from gpuscope.otlp.transport import GrpcTransport
+
+    answers = [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OK]
+    received: list[tuple[Any, dict[str, str]]] = []
+
+    class Service(metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request: Any, context: Any) -> Any:
+            received.append((request, dict(context.invocation_metadata())))
+            code = answers.pop(0)
+            if code != grpc.StatusCode.OK:
+                context.abort(code, "scripted")
+            return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        transport = GrpcTransport(target(f"http://127.0.0.1:{port}", protocol="grpc", compression="gzip",
+                                         headers=(("X-Tenant", "a"),)))
+        body = encoder()(make_snapshot())
+        results = [transport.push(body, 5.0) for _ in range(3)]
+        transport.close()
+    finally:
+        server.stop(0)
+    assert [(r.outcome, r.reason) for r in results] == [
+        ("retry", "UNAVAILABLE"), ("refused", "INVALID_ARGUMENT"), ("sent", "OK")]
+    request, metadata = received[-1]
+    assert metadata["x-tenant"] == "a"
+    assert request.resource_metrics[0].scope_metrics[0].metrics
