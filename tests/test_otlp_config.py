@@ -34,7 +34,7 @@ def test_off_by_default_with_the_documented_defaults() -> None:
     assert settings.otlp.enabled is False
     target = resolve_target(settings.otlp, {})
     assert target.url == "http://localhost:4318/v1/metrics" and target.protocol == "http/protobuf"
-    assert target.timeout_seconds == 10.0 and target.compression == "none" and target.headers == ()
+    assert target.timeout_seconds == 10.0 and target.compression == "gzip" and target.headers == ()
     assert settings.otlp.interval == 10.0 and settings.otlp.max_queue == 60
 
 

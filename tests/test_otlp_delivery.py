@@ -24,7 +24,7 @@ from gpuscope.otlp.factory import ProcessExport, SnapshotFamilies, build_otlp
 from gpuscope.otlp.proto import load_protos
 from gpuscope.otlp.self_metrics import OtlpCollector
 from gpuscope.otlp.target import ExportTarget, resolve_target
-from gpuscope.otlp.transport import HttpTransport, PushResult, retry_after_seconds
+from gpuscope.otlp.transport import HttpTransport, PushResult, payload, retry_after_seconds
 from gpuscope.snapshot import Snapshot
 
 SECRET = "Bearer s3cr3t-0tlp-t0ken"
@@ -91,8 +91,9 @@ def test_http_answers_become_outcomes() -> None:
     with otlp_receiver() as receiver:
         receiver.answers = [(503, {"Retry-After": "7"}), (429, {"Retry-After": date}), (502, {}),
                             (400, {}), (401, {}), (500, {}), (200, {})]
-        transport = HttpTransport(target(receiver.url, compression="gzip", headers=(("X-Tenant", "a"),)))
-        body = encoder()(make_snapshot())
+        gzip_target = target(receiver.url, compression="gzip", headers=(("X-Tenant", "a"),))
+        transport = HttpTransport(gzip_target)
+        body = payload(gzip_target, encoder()(make_snapshot()))
         results = [transport.push(body, 5.0) for _ in range(7)]
         transport.close()
     assert [(r.outcome, r.reason) for r in results] == [

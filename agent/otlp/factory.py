@@ -20,7 +20,7 @@ from gpuscope.otlp.encode import RequestEncoder
 from gpuscope.otlp.proto import load_protos
 from gpuscope.otlp.self_metrics import OtlpCollector
 from gpuscope.otlp.target import CONFIGURATION, ExportTarget, resolve_target
-from gpuscope.otlp.transport import Transport, build_transport
+from gpuscope.otlp.transport import Transport, build_transport, payload
 from gpuscope.snapshot import Snapshot, SnapshotSource
 
 
@@ -96,8 +96,7 @@ def build_otlp(config: OtlpConfig, source: SnapshotSource, *, processes: Process
 
     def encode(snapshot: Snapshot) -> bytes:
         request = encoder.encode(snapshot, families.families(snapshot))
-        body: bytes = request.SerializeToString()
-        return body
+        return payload(target, request.SerializeToString())
 
     exporter = OtlpExporter(source, encode, sender, endpoint=target.url, interval_seconds=config.interval,
                             timeout_seconds=target.timeout_seconds, max_queue=config.max_queue, health=health)

@@ -53,6 +53,12 @@ def build_transport(target: ExportTarget) -> Transport:
     return HttpTransport(target)
 
 
+def payload(target: ExportTarget, request: bytes) -> bytes:
+    """What is queued and sent for a serialised request: gzipped once for HTTP with compression on
+    (ten times smaller in the queue too); gRPC compresses on the wire itself."""
+    return gzip_bytes(request) if target.compression == "gzip" and target.protocol != "grpc" else request
+
+
 def gzip_bytes(body: bytes) -> bytes:
     compressor = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: a gzip member
     return compressor.compress(body) + compressor.flush()
@@ -93,13 +99,14 @@ class HttpTransport:
         self._connection: http.client.HTTPConnection | None = None
 
     def push(self, body: bytes, timeout: float) -> PushResult:
-        payload = gzip_bytes(body) if self._gzip else body
+        """``body``: the request as queued, already gzipped where the target compresses (see
+        ``payload``), so that a request retried is not compressed again."""
         try:
             connection = self._connect()
             connection.timeout = timeout
             if connection.sock is not None:  # kept alive from the last push
                 connection.sock.settimeout(timeout)
-            connection.request("POST", self._path, body=payload, headers=self._headers)
+            connection.request("POST", self._path, body=body, headers=self._headers)
             response = connection.getresponse()
             response.read(_MAX_RESPONSE_BYTES)  # the ExportMetricsServiceResponse: read, to reuse the socket
             status = response.status
