@@ -137,7 +137,8 @@ def per_push(pushes: int) -> dict[str, Any]:
 def _proc(pid: int) -> tuple[float, float, float]:
     """(RSS MiB, peak RSS MiB, CPU seconds) of ``pid`` from /proc."""
     status = Path(f"/proc/{pid}/status").read_text()
-    fields = {line.split(":")[0]: line.split()[1] for line in status.splitlines() if ":" in line}
+    fields = {name: rest.split()[0] for name, _, rest in (line.partition(":") for line in status.splitlines())
+              if rest.split()}
     stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return int(fields["VmRSS"]) / 1024, int(fields["VmHWM"]) / 1024, (int(stat[11]) + int(stat[12])) / ticks
