@@ -160,3 +160,23 @@ def test_a_missing_extra_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch)
         load_protos()
     (problem,) = caught.value.problems
     assert problem.startswith("otlp.enabled: ") and "pip install gpuscope[otlp]" in problem
+
+
+def test_the_agent_refuses_to_start_on_an_unusable_target(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GPUSCOPE_OTLP__ENABLED": "true",
+           "GPUSCOPE_OTLP__HEADERS": '{"Authorization": {"file": "%s"}}' % (tmp_path / "missing-token"),
+           "GPUSCOPE_CAPTURE__STORE__ROOT": str(tmp_path / "captures"),
+           "GPUSCOPE_CONTROL__SOCKET": str(tmp_path / "control.sock")}
+    run = subprocess.run([sys.executable, "-m", "gpuscope", "run", "--simulate", "demo",
+                          "--web.listen-address", "127.0.0.1:0"], env=env, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert run.returncode == 2, run.stderr
+    assert "otlp.headers.Authorization.file: cannot read" in run.stderr and "Traceback" not in run.stderr
+    check = subprocess.run([sys.executable, "-m", "gpuscope", "config", "check",
+                            str(write(tmp_path, "otlp:\n  endpoint: collector:4318\n"))],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert check.returncode == 2 and "otlp.endpoint: the scheme must be http or https" in check.stderr
