@@ -153,3 +153,16 @@ def test_the_collector_receives_the_snapshot_and_survives_an_outage(tmp_path: Pa
         wait_until(lambda: (metric_value(agent, "gpuscope_otlp_exports_total", 'outcome="sent"') or 0)
                    > sent_before + MAX_QUEUE - 1, timeout=90.0, step=0.2)
         assert "OTLP: pushing to" in agent.stderr()
+
+
+def test_grpc_reaches_the_collector(tmp_path: Path, otel_collector: Any) -> None:
+    env = {"GPUSCOPE_OTLP__ENABLED": "true", "GPUSCOPE_OTLP__PROTOCOL": "grpc",
+           "GPUSCOPE_OTLP__ENDPOINT": f"http://{otel_collector.endpoint_grpc}",
+           "GPUSCOPE_OTLP__INTERVAL": "1s"}
+    with run_agent(tmp_path, "--simulate", "demo", "--sample-interval", "2s", env=env) as agent:
+        agent.wait_for("/api/v1/snapshot", '"gpus"')
+        snapshot, points = pushed_snapshot(agent, otel_collector)
+        for gpu in snapshot.gpus:
+            if gpu.up and gpu.memory_used_bytes is not None:
+                usage = one(points, "hw.gpu.memory.usage", hw__id=gpu.uuid)
+                assert usage.unit == "By" and usage.value == pytest.approx(gpu.memory_used_bytes)
