@@ -77,9 +77,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def otlp_receiver(path: str = "/v1/metrics") -> Iterator[Receiver]:
+def otlp_receiver(path: str = "/v1/metrics", *, keep_alive: bool = False) -> Iterator[Receiver]:
+    """``keep_alive``: HTTP/1.1 connections kept open between requests, as a Collector's are."""
     receiver = Receiver(url="")
-    handler = type("Handler", (_Handler,), {"receiver": receiver})
+    handler = type("Handler", (_Handler,), {"receiver": receiver,
+                                            "protocol_version": "HTTP/1.1" if keep_alive else "HTTP/1.0"})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     receiver.url = f"http://127.0.0.1:{server.server_address[1]}{path}"

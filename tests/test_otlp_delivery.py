@@ -115,6 +115,21 @@ def test_retry_after_reads_seconds_and_dates() -> None:
     assert retry_after_seconds("soon") is None and retry_after_seconds(None) is None
 
 
+def test_a_kept_alive_connection_closed_meanwhile_is_opened_again_at_once() -> None:
+    import socket
+
+    with otlp_receiver(keep_alive=True) as receiver:
+        transport = HttpTransport(target(receiver.url))
+        body = encoder()(make_snapshot())
+        assert transport.push(body, 5.0).outcome == "sent"
+        connection = transport._connection
+        assert connection is not None and connection.sock is not None  # kept alive
+        connection.sock.shutdown(socket.SHUT_RDWR)  # as a receiver's idle timeout would leave it
+        assert transport.push(body, 5.0).outcome == "sent"
+        transport.close()
+    assert receiver.count() == 2
+
+
 def test_a_receiver_that_is_not_there_is_retried() -> None:
     with otlp_receiver() as receiver:
         url = receiver.url

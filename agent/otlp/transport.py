@@ -28,6 +28,8 @@ RETRYABLE_HTTP = frozenset({429, 502, 503, 504})
 MAX_RETRY_AFTER_SECONDS = 300.0  # a receiver asking for more is waited for this long, then tried again
 _MAX_RESPONSE_BYTES = 64 * 1024
 _GRPC_METHOD = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+# What a kept-alive connection that the receiver closed while idle fails with.
+_STALE_CONNECTION = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 _RETRYABLE_GRPC = ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "ABORTED", "CANCELLED",
                    "OUT_OF_RANGE", "DATA_LOSS")
 
@@ -101,26 +103,38 @@ class HttpTransport:
     def push(self, body: bytes, timeout: float) -> PushResult:
         """``body``: the request as queued, already gzipped where the target compresses (see
         ``payload``), so that a request retried is not compressed again."""
+        reused = self._connection is not None
         try:
-            connection = self._connect()
-            connection.timeout = timeout
-            if connection.sock is not None:  # kept alive from the last push
-                connection.sock.settimeout(timeout)
-            connection.request("POST", self._path, body=body, headers=self._headers)
-            response = connection.getresponse()
-            response.read(_MAX_RESPONSE_BYTES)  # the ExportMetricsServiceResponse: read, to reuse the socket
-            status = response.status
-            retry_after = response.getheader("Retry-After")
-            if response.will_close:
-                self.close()
+            status, retry_after = self._post(body, timeout)
         except (OSError, self._http.HTTPException) as err:
             self.close()
-            return PushResult("retry", _describe(err))
+            # A kept-alive connection the receiver closed while idle fails at once: one new
+            # connection, now, rather than a back-off for what is not the receiver's failure.
+            if not (reused and isinstance(err, _STALE_CONNECTION)):
+                return PushResult("retry", _describe(err))
+            try:
+                status, retry_after = self._post(body, timeout)
+            except (OSError, self._http.HTTPException) as again:
+                self.close()
+                return PushResult("retry", _describe(again))
         if 200 <= status < 300:
             return PushResult("sent", str(status))
         if status in RETRYABLE_HTTP:
             return PushResult("retry", str(status), retry_after_seconds(retry_after))
         return PushResult("refused", str(status))
+
+    def _post(self, body: bytes, timeout: float) -> tuple[int, str | None]:
+        """(status, Retry-After) of one POST on the kept-alive connection (a new one if none)."""
+        connection = self._connect()
+        connection.timeout = timeout
+        if connection.sock is not None:  # kept alive from the last push
+            connection.sock.settimeout(timeout)
+        connection.request("POST", self._path, body=body, headers=self._headers)
+        response = connection.getresponse()
+        response.read(_MAX_RESPONSE_BYTES)  # the ExportMetricsServiceResponse: read, to reuse the socket
+        if response.will_close:
+            self.close()
+        return response.status, response.getheader("Retry-After")
 
     def close(self) -> None:
         if self._connection is not None:
