@@ -742,7 +742,8 @@ def test_source_health_collector_renders_exactly_the_catalogue() -> None:
     assert emitted == documented
     families = {_exposed_name(f): f for f in SourceHealthCollector(health).collect()}
     success = {s.labels["collector"]: s.value for s in families["gpuscope_collector_success"].samples}
-    assert success == {"nvml": 1.0, "processes": 1.0, "pods": 0.0, "alerts": 1.0, "captures": 1.0}
+    assert success == {"nvml": 1.0, "processes": 1.0, "pods": 0.0, "alerts": 1.0, "captures": 1.0,
+                       "otlp": 1.0}
 
 
 def test_web_collector_renders_exactly_the_catalogue(tmp_path: Path) -> None:

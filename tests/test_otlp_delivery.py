@@ -17,6 +17,7 @@ from polling import wait_until
 from snapshots import FakeSource, make_gpu, make_snapshot
 
 from gpuscope.exporters.families import CounterMetricFamily
+from gpuscope.health import SourceHealth
 from gpuscope.otlp.config import OtlpConfig
 from gpuscope.otlp.delivery import OtlpExporter
 from gpuscope.otlp.encode import RequestEncoder
@@ -242,13 +243,16 @@ def test_header_values_from_a_file_are_sent_and_never_logged(tmp_path: Path, cap
         receiver.answers = [(401, {}), (503, {"Retry-After": "0"})]
         config = OtlpConfig.model_validate({"enabled": True, "endpoint": receiver.url, "interval": "1s",
                                             "headers": {"Authorization": {"file": str(token)}}})
-        export = build_otlp(config, FakeSource(Ticking().next), processes=ProcessExport(), start_time=1.7e9)
+        health = SourceHealth()
+        export = build_otlp(config, FakeSource(Ticking().next), processes=ProcessExport(), start_time=1.7e9,
+                            health=health)
         export.exporter.start()
         wait_until(lambda: export.exporter.counts()["sent"] >= 1)
         export.exporter.stop(timeout=1.0)
         logging.getLogger("gpuscope.otlp").info("target: %r", export.target)
     assert receiver.received[0].headers["Authorization"] == SECRET
     assert export.exporter.counts()["failed"] == 1 and export.exporter.retries == 1
+    assert health.runs()["otlp"].success  # the last push was accepted
     assert "refused a push (401)" in caplog.text
     assert SECRET not in caplog.text and "s3cr3t" not in caplog.text
     assert export.target.header_names == ("Authorization",)

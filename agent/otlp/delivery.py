@@ -99,7 +99,7 @@ class OtlpExporter:
     # -- life cycle -------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = start_thread("gpuscope-otlp", self._run, health=self._health)
+        self._thread = start_thread("gpuscope-otlp", self._run, health=self._health, source="otlp")
 
     def stop(self, timeout: float) -> None:
         """Push what is queued, and the latest snapshot, for at most ``timeout`` seconds; then leave the
@@ -169,7 +169,11 @@ class OtlpExporter:
             if not self._queue:
                 return 0.0
             body = self._queue[0]
+        started = self._clock()
         result = self._push(body, timeout)
+        if self._health is not None:
+            self._health.record("otlp", success=result.outcome == "sent",
+                                duration_seconds=self._clock() - started)
         with self._wake:
             if self._queue and self._queue[0] is body and result.outcome != "retry":
                 self._queue.popleft()
