@@ -31,13 +31,14 @@ from gpuscope.documents import ProcessExposure
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
 from gpuscope.exporters.diagnosis import DiagnosisCollector
-from gpuscope.exporters.families import Registry
+from gpuscope.exporters.families import Collector, Registry
 from gpuscope.exporters.health import SourceHealthCollector
 from gpuscope.exporters.pods import PodResourcesCollector
 from gpuscope.exporters.process_metrics import ProcessCollector
 from gpuscope.exporters.prometheus import SnapshotCollector
 from gpuscope.health import SourceHealth
 from gpuscope.listeners import SocketListeners
+from gpuscope.otlp.factory import OtlpExport, ProcessExport, build_otlp
 from gpuscope.sampling.node import NodeSampling
 from gpuscope.systemd_notify import SystemdNotifier
 from gpuscope.web.self_metrics import WebCollector
@@ -194,7 +195,28 @@ class Agent:
                                     history=self.utilization_history, resolved=self.resolved_alerts,
                                     simulated=self.simulation.scenario.name if self.simulation else None)
         self.registry.register(WebCollector(self.http.rejections, self.web_config))
+        self.otlp: OtlpExport | None = None
+        if settings.otlp.enabled:
+            self.otlp = self._build_otlp(settings)
+            self.registry.register(self.otlp.collector)
         self._stopped = False
+
+    def _build_otlp(self, settings: Settings) -> OtlpExport:
+        """The OTLP push: the snapshot's families as /metrics renders them, with the sources' health
+        and the firing alerts; ConfigError (exit 2) for a target that cannot be used."""
+        processes = settings.processes
+        extra: list[Collector] = [SourceHealthCollector(self.health)]
+        if self.alerts is not None:
+            extra.append(AlertCollector(self.alerts))
+        pods = self.pods
+
+        def k8s_node_name() -> str | None:  # a node whose kubelet answers is a Kubernetes node
+            return self.hostname if pods is not None and pods.status().seen else None
+
+        return build_otlp(settings.otlp, self.sampler, start_time=time.time(), extra=extra,
+                          processes=ProcessExport(export=processes.export, cmdline=processes.cmdline,
+                                                  labels=processes.labels, max_per_gpu=processes.max_per_gpu),
+                          k8s_node_name=k8s_node_name, health=self.health)
 
     def start(self, *, watchdog_thread: bool = True) -> None:
         """Serve. ``watchdog_thread=False``: the sampler's watchdog is left to the caller's thread
@@ -227,6 +249,10 @@ class Agent:
             self.alerts.add_listener(self.notifier)
             self.notifier.start()
         self.sampler.start(watchdog_thread=watchdog_thread)
+        if self.otlp is not None:
+            self.otlp.exporter.start()
+            log.info("OTLP: pushing to %s (%s) every %gs", self.otlp.target.url, self.otlp.target.protocol,
+                     self.settings.otlp.interval)
         # Everything built so far lives as long as the process: move it out of the collector's
         # reach, so the garbage a scrape leaves behind triggers cheap collections, not 6-8 ms ones.
         gc.collect()
@@ -258,6 +284,8 @@ class Agent:
         if self.control is not None:
             self.control.stop(grace=share(0.4))
         self.sampler.stop(timeout=share(0.4))
+        if self.otlp is not None:
+            self.otlp.exporter.stop(timeout=share(0.3))  # the last snapshot and the queue, briefly
         if self.pods is not None:
             self.pods.stop(timeout=share(0.2))
         if self.notifier is not None:

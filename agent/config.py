@@ -33,6 +33,8 @@ from gpuscope.common.suggestions import did_you_mean
 from gpuscope.common.unixfs import FileTooLargeError, read_bounded
 from gpuscope.config_environment import deep_merge, environment_problems, environment_values
 from gpuscope.control.config import ControlConfig
+from gpuscope.otlp.config import OtlpConfig
+from gpuscope.otlp.target import endpoint_url
 
 ENVIRONMENT = "GPUSCOPE_* environment variables"
 MAX_CONFIG_BYTES = 1 << 20
@@ -149,6 +151,7 @@ class Settings(Section):
     capture: CaptureConfig = Field(default_factory=CaptureConfig)
     control: ControlConfig = Field(default_factory=ControlConfig)
     pods: PodsConfig = Field(default_factory=PodsConfig)
+    otlp: OtlpConfig = Field(default_factory=OtlpConfig)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -236,4 +239,9 @@ def _cross_field_problems(settings: Settings) -> list[str]:
     if settings.alerting.alertmanager.resend_interval < settings.sample_interval:
         problems.append("alerting.alertmanager.resend_interval: must be at least the sample interval "
                         f"({format_duration(settings.sample_interval)})")
+    if settings.otlp.endpoint is not None:
+        try:
+            endpoint_url(settings.otlp.endpoint, grpc=settings.otlp.protocol == "grpc", as_base=False)
+        except ValueError as err:
+            problems.append(f"otlp.endpoint: {err}")
     return problems

@@ -3,7 +3,8 @@ exports, whether its last run succeeded and how long it took.
 
 The sources: ``nvml`` (the NVML part of a sampling tick), ``processes`` (mapping the GPU processes
 to host processes in a tick), ``pods`` (the last kubelet query), ``alerts`` (the last evaluation of
-the rules) and ``captures`` (the capture worker, and the last capture it processed). Each writes its
+the rules), ``captures`` (the capture worker, and the last capture it processed) and ``otlp`` (the
+last OTLP push). Each writes its
 own entry after each run; the exporter reads them at scrape time. A source that never ran (pods on a
 node without a kubelet) has no entry.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-SOURCES = ("nvml", "processes", "pods", "alerts", "captures")
+SOURCES = ("nvml", "processes", "pods", "alerts", "captures", "otlp")
 
 
 @dataclass(frozen=True, slots=True)

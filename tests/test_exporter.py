@@ -157,6 +157,7 @@ def test_full_snapshot_renders_exactly_the_catalogue() -> None:
     documented -= set(parse_catalogue(catalogue_section(text, "Diagnosis")))  # test_diagnosis_metrics.py
     documented -= set(parse_catalogue(catalogue_section(text, "Sources")))  # SourceHealthCollector's
     documented -= set(parse_catalogue(catalogue_section(text, "The HTTP port")))  # WebCollector's
+    documented -= set(parse_catalogue(catalogue_section(text, "OTLP export")))  # tests/test_otlp_delivery.py
     documented = {row for row in documented if not row.name.startswith("gpuscope_pod_resources_")}
     emitted = set()
     for family in collect(make_full_snapshot(), include_cmdline=True).values():
@@ -742,7 +743,8 @@ def test_source_health_collector_renders_exactly_the_catalogue() -> None:
     assert emitted == documented
     families = {_exposed_name(f): f for f in SourceHealthCollector(health).collect()}
     success = {s.labels["collector"]: s.value for s in families["gpuscope_collector_success"].samples}
-    assert success == {"nvml": 1.0, "processes": 1.0, "pods": 0.0, "alerts": 1.0, "captures": 1.0}
+    assert success == {"nvml": 1.0, "processes": 1.0, "pods": 0.0, "alerts": 1.0, "captures": 1.0,
+                       "otlp": 1.0}
 
 
 def test_web_collector_renders_exactly_the_catalogue(tmp_path: Path) -> None:
