@@ -79,8 +79,8 @@ GPUS = [
                   {"launch_bound": 0.4}, 0.4),)),
     Gpu("node-2:9847", 0, 0.8, ((303, "carol", "research", "sweep-c"),), (-MARGIN, MINUTES + MARGIN), ()),
     Gpu("node-2:9847", 1, 0.6, ((404, "dave", "", ""), (405, "erin", "", "")), (-MARGIN, MINUTES + MARGIN), (
-        Diagnosis(-MARGIN, MINUTES + MARGIN, START - 600, "shared_gpu", {"shared_gpu": 0.3, "input_bound": 0.1},
-                  {"shared_gpu": 0.2}, 0.25),)),
+        Diagnosis(-MARGIN, MINUTES + MARGIN, START - 600, "shared_gpu",
+                  {"shared_gpu": 0.3, "input_bound": 0.1}, {"shared_gpu": 0.2}, 0.25),)),
     Gpu("node-2:9847", 2, 0.0, (), (0, -1), (
         Diagnosis(-MARGIN, MINUTES + MARGIN, START, "input_bound", {"input_bound": 0.9}),)),
 ]
@@ -102,9 +102,10 @@ def openmetrics() -> Iterator[str]:
         return _labels(instance=g.node, job="gpuscope", gpu=str(g.index), uuid=g.uuid, **more)
 
     def proc_labels(g: Gpu, pid: int, user: str, namespace: str, pod: str) -> dict[str, str]:
-        return {"instance": g.node, "job": "gpuscope", "gpu": str(g.index), "uuid": g.uuid, "gpu_instance": "",
-                "pid": str(pid), "process": "python3", "user": user, "container_id": f"c{pid}", "pod": pod,
-                "namespace": namespace, "container": "main" if pod else ""}
+        return {"instance": g.node, "job": "gpuscope", "gpu": str(g.index), "uuid": g.uuid,
+                "gpu_instance": "", "pid": str(pid), "process": "python3", "user": user,
+                "container_id": f"c{pid}", "pod": pod, "namespace": namespace,
+                "container": "main" if pod else ""}
 
     def held(g: Gpu, k: int) -> bool:
         return g.held[0] <= minute(k) <= g.held[1]
@@ -202,7 +203,8 @@ def near(got: float | None, expected: float | None, share: float = 1.0) -> bool:
 @pytest.mark.parametrize("recorded", [False, True], ids=["raw", "recorded"])
 def test_by_cause_matches_the_schedule(diagnosed: str, capsys: pytest.CaptureFixture[str],
                                        recorded: bool) -> None:
-    code, out, err = report(capsys, diagnosed, "--by", "cause", "--json", *(["--recorded"] if recorded else []))
+    code, out, err = report(capsys, diagnosed, "--by", "cause", "--json",
+                            *(["--recorded"] if recorded else []))
     assert code == 0, err
     document = json.loads(out)
     rows = {row["cause"]: row for row in document["rows"]}

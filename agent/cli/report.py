@@ -23,8 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpuscope.common.durations import format_duration, parse_duration
 from gpuscope.cli.report_cause import cause_as_csv, cause_as_json, cause_as_table
+from gpuscope.common.durations import format_duration, parse_duration
 from gpuscope.report.build import NoData, Report, Row, build_report
 from gpuscope.report.cause_build import CauseReport, build_cause_report
 from gpuscope.report.cause_promql import CAUSE, CAUSE_OWNERS, DEFAULT_HORIZON_S, CauseQueries

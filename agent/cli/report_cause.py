@@ -97,7 +97,8 @@ def cause_as_table(report: CauseReport) -> str:
     together = report.gain_together_gpu_hours
     line = f"Could be won back (all fixes together): {_hours(together)} GPU-h"
     if report.owner and together is not None:
-        line += " (" + ", ".join(f"{'/'.join(t.owner.values()) or '(none)'} {_hours(t.gain_together_gpu_hours)}"
+        line += " (" + ", ".join(f"{'/'.join(t.owner.values()) or '(none)'} "
+                                 f"{_hours(t.gain_together_gpu_hours)}"
                                  for t in report.totals if t.gain_together_gpu_hours is not None) + ")"
     text.append(line if together is not None else line + " (no fix estimated in the range)")
     text += [f"Note: {note}" for note in report.notes]

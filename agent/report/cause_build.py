@@ -27,7 +27,8 @@ class CauseRow:
     def as_dict(self) -> dict[str, Any]:
         return {"cause": self.cause, "owner": self.owner, "held_gpu_hours": self.held_gpu_hours,
                 "busy_gpu_hours": self.busy_gpu_hours, "attributed_gpu_hours": self.attributed_gpu_hours,
-                "gain_gpu_hours": self.gain_gpu_hours, "oldest_diagnosis_age_seconds": self.oldest_diagnosis_s,
+                "gain_gpu_hours": self.gain_gpu_hours,
+                "oldest_diagnosis_age_seconds": self.oldest_diagnosis_s,
                 "newest_diagnosis_age_seconds": self.newest_diagnosis_s}
 
 
@@ -72,10 +73,12 @@ class CauseReport:
 def _order(row: CauseRow) -> tuple[Any, ...]:
     """Findings first, the most attributed GPU-hours first; then the verdicts, then not diagnosed."""
     rank = VERDICT_ORDER.index(row.cause) + 1 if row.cause in VERDICT_ORDER else 0
-    return (tuple(row.owner.values()), rank, -(row.attributed_gpu_hours or 0.0), -row.held_gpu_hours, row.cause)
+    return (tuple(row.owner.values()), rank, -(row.attributed_gpu_hours or 0.0), -row.held_gpu_hours,
+            row.cause)
 
 
-def build_cause_report(client: PrometheusClient, queries: CauseQueries, start: float, end: float) -> CauseReport:
+def build_cause_report(client: PrometheusClient, queries: CauseQueries, start: float,
+                       end: float) -> CauseReport:
     """Query ``client`` for the GPU-hours per cause between ``start`` and ``end`` (Unix seconds).
 
     NoData when no GPU was held in the range; a range without any diagnosis is a report whose every
@@ -85,7 +88,7 @@ def build_cause_report(client: PrometheusClient, queries: CauseQueries, start: f
     causes: list[str] = []
     if queries.by_owner:
         seen = {str(s.get("metric", {}).get(CAUSE, "")) for s in client.query(queries.causes_seen(), end)}
-        causes = sorted(c for c in seen if is_cause_name(c) and c != NOT_DIAGNOSED) + [NOT_DIAGNOSED]
+        causes = [*sorted(c for c in seen if is_cause_name(c) and c != NOT_DIAGNOSED), NOT_DIAGNOSED]
     rows: dict[tuple[str, ...], CauseRow] = {}
 
     def row_of(series: dict[str, Any]) -> CauseRow:
@@ -137,10 +140,10 @@ def build_cause_report(client: PrometheusClient, queries: CauseQueries, start: f
                       "captures (docs/capture.md)")
     notes.append(f"a GPU counts under a cause only while its latest diagnosis started within the horizon "
                  f"({queries.horizon_s / 3600:g}h) before the step; otherwise it counts as \"not diagnosed\"")
-    notes.append("causes overlap: one step can wait on input and on a sync both, so a GPU-hour counts under "
-                 "every finding of its diagnosis (and a healthy diagnosis may carry low findings); rows do not "
-                 "add up to the held total, and the fixes' gains do not add up to what all fixes together "
-                 "would win back")
+    notes.append("causes overlap: one step can wait on input and on a sync both, so a GPU-hour counts "
+                 "under every finding of its diagnosis (and a healthy diagnosis may carry low findings);"
+                 " rows do not add up to the held total, and the fixes' gains do not add up to what all "
+                 "fixes together would win back")
     return CauseReport(owner=queries.owner, owner_labels=labels, start=start, end=end,
                        step_s=60 if queries.recorded else queries.step_s, horizon_s=queries.horizon_s,
                        recorded=queries.recorded, rows=sorted(kept, key=_order),

@@ -177,7 +177,8 @@ class CauseQueries:
         """Every cause a diagnosis named in the range (findings and verdicts), for the arms by owner."""
         if self.recorded:
             return f"group by ({CAUSE}) (last_over_time({CAUSE_RULES['held']}[{self.range_s}s]))"
-        arms = [f'label_replace(last_over_time({metric}[{self.range_s}s]), "{CAUSE}", "$1", "{label}", "(.+)")'
+        arms = [f'label_replace(last_over_time({metric}[{self.range_s}s]), "{CAUSE}", "$1", "{label}", '
+                f'"(.+)")'
                 for metric, label in (("gpuscope_diagnosis_finding_share", "finding"),
                                       ("gpuscope_diagnosis_verdict", "verdict"))]
         return f"group by ({CAUSE}) ({' or '.join(arms)})"
