@@ -18,6 +18,7 @@ from gpuscope.alerts.eventlog import AlertEventLog
 from gpuscope.alerts.resolved import ResolvedAlerts
 from gpuscope.alerts.rules import build_rules
 from gpuscope.capture.config import CaptureConfig
+from gpuscope.capture.diagnoses import LatestDiagnoses
 from gpuscope.capture.factory import Captures, build_captures
 from gpuscope.capture.webhook import WebhookReceiver, this_node_hosts
 from gpuscope.common.config_types import ConfigError
@@ -29,6 +30,7 @@ from gpuscope.control.on_demand import OnDemandControlServer
 from gpuscope.documents import ProcessExposure
 from gpuscope.exporters.alerts import AlertCollector
 from gpuscope.exporters.captures import CaptureCollector
+from gpuscope.exporters.diagnosis import DiagnosisCollector
 from gpuscope.exporters.families import Registry
 from gpuscope.exporters.health import SourceHealthCollector
 from gpuscope.exporters.pods import PodResourcesCollector
@@ -146,6 +148,7 @@ class Agent:
         self.web_config = WebConfigWatcher(settings.web.config_file)
         self.webhook: WebhookReceiver | None = None
         webhook_auth: WebhookAuth | None = None
+        self.diagnoses: LatestDiagnoses | None = None
         if self.captures is not None:
             if self.alerts is not None:
                 self.alerts.add_listener(self.captures.service.on_transition)
@@ -153,6 +156,11 @@ class Agent:
             event_lines = CaptureEventLines(self.event_log) if self.event_log is not None else None
             if self.captures.analysis is not None:
                 self.captures.analysis.add_listener(self.capture_verdicts.on_analysed)
+                # Each GPU's latest diagnosis, from the stored records first: it outlives a restart.
+                self.diagnoses = LatestDiagnoses()
+                self.captures.analysis.add_listener(self.diagnoses.on_analysed)
+                self.diagnoses.load(self.captures.store.list())
+                self.registry.register(DiagnosisCollector(self.diagnoses, self.sampler))
                 if event_lines is not None:
                     self.captures.analysis.add_listener(event_lines.record_analysis)
             if event_lines is not None:

@@ -13,6 +13,7 @@ import io
 import json
 import re
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,8 +22,10 @@ from typing import Any
 
 import pytest
 from agent_process import RunningAgent, run_agent
+from prometheus_client.parser import text_string_to_metric_families
 
 import gpuscope.simulate
+from gpuscope.analysis.gains import FIXES
 from gpuscope.cli.main import main
 
 # GPU -> (the verdict of every trace of its capture, the traces it holds)
@@ -117,3 +120,108 @@ def test_the_agent_records_the_same_verdicts(captures: dict[int, Any],
         (line,) = [row for row in rows if row.startswith(record["id"])]
         finding = head.index("FINDING")
         assert line[finding:].split()[0] == EXPECTED[gpu][0], table
+
+
+def diagnosis_series(agent: RunningAgent) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The agent's gpuscope_diagnosis_* samples: (name, labels) -> value."""
+    status, body = agent.get("/metrics")
+    assert status == 200
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(body)
+            if family.name.startswith("gpuscope_diagnosis_") for sample in family.samples}
+
+
+def analysed_records(socket: Path, captures: dict[int, Any]) -> dict[int, dict[str, Any]]:
+    """Each GPU's capture record once the agent's analysis is in it."""
+    deadline = time.monotonic() + ANALYSIS_WAIT_S
+    while True:
+        code, text, err = cli("captures", "ls", "--json", "--socket", str(socket))
+        assert code == 0, err
+        by_id = {r["id"]: r for r in json.loads(text)}
+        records = {gpu: by_id.get(record["id"], {}) for gpu, (record, _, _) in captures.items()}
+        if all(r.get("analysis") for r in records.values()):
+            return records
+        assert time.monotonic() < deadline, records
+        time.sleep(0.5)
+
+
+def expected_diagnosis(record: dict[str, Any]) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """What gpuscope_diagnosis_* of a GPU must say of its capture record (without its gpu and uuid
+    labels): the timestamp, the verdict, each finding's largest share, each kind's largest estimated
+    gain, and all of them together."""
+    analysis = record["analysis"]
+    shares: dict[str, tuple[float, str]] = {}
+    gains: dict[str, float] = {}
+    for found in analysis["findings"]:
+        kind = found["kind"]
+        if found["share"] is not None and found["share"] > shares.get(kind, (-1.0, ""))[0]:
+            shares[kind] = (found["share"], found["severity"])
+        if "share" in (found.get("gain") or {}):
+            gains[kind] = max(gains.get(kind, 0.0), found["gain"]["share"])
+    expected = {("gpuscope_diagnosis_timestamp_seconds", frozenset()): record["start"],
+                ("gpuscope_diagnosis_verdict", frozenset({("verdict", analysis["verdict"])})): 1.0}
+    for kind, (share, severity) in shares.items():
+        labels = frozenset({("finding", kind), ("severity", severity)})
+        expected["gpuscope_diagnosis_finding_share", labels] = share
+    for kind, share in gains.items():
+        expected["gpuscope_diagnosis_gain_share", frozenset({("finding", kind)})] = share
+    if gains:
+        together = (analysis.get("gain_together") or {}).get("share", 0.0)
+        expected["gpuscope_diagnosis_gain_together_share", frozenset()] = max(together, *gains.values())
+    return expected
+
+
+def test_the_agent_exports_each_gpus_diagnosis(captures: dict[int, Any],
+                                               demo: tuple[RunningAgent, Path]) -> None:
+    """gpuscope_diagnosis_* of each GPU say what its capture's analysis says, under its gpu_info's
+    gpu and uuid."""
+    agent, socket = demo
+    records = analysed_records(socket, captures)
+    body = agent.get("/metrics")[1]
+    uuids = {s.labels["gpu"]: s.labels["uuid"] for f in text_string_to_metric_families(body)
+             if f.name == "gpu_info" for s in f.samples}
+    series = diagnosis_series(agent)
+    for gpu, record in records.items():
+        labels = {("gpu", str(gpu)), ("uuid", uuids[str(gpu)])}
+        of_gpu = {(name, key - labels): value for (name, key), value in series.items() if labels <= key}
+        assert record["analysis"]["verdict"] == EXPECTED[gpu][0]
+        assert of_gpu == pytest.approx(expected_diagnosis(record)), (gpu, record["analysis"])
+    exported = {value for (_, key) in series for label, value in key if label == "gpu"}
+    assert exported == {str(gpu) for gpu in EXPECTED}
+
+
+def test_each_demo_gpus_capture_shows_what_fixing_its_findings_would_buy(captures: dict[int, Any]) -> None:
+    """`captures explain` gives every finding its gain, estimated for every kind the replay models."""
+    for gpu, (_, report, words) in captures.items():
+        findings = [f for trace in report["traces"] for f in trace["findings"]]
+        assert words.count("fixing it: ") == len(findings), words
+        for found in findings:
+            if found["kind"] in FIXES:
+                assert found["gain"]["before_s"] > found["gain"]["after_s"] > 0, (gpu, found)
+            else:
+                assert found["gain"]["not_estimated"], (gpu, found)
+    _, report, words = captures[1]  # the input-bound GPU: its verdict's fix, estimated
+    assert re.search(r"fixing it: [\d.]+ -> [\d.]+ ms a step \(\d+% less\)", words), words
+
+
+def test_a_restarted_agent_exports_the_same_diagnoses_from_its_store(
+        captures: dict[int, Any], demo: tuple[RunningAgent, Path]) -> None:
+    """Last in this module: it stops the module's agent and starts another on the same store."""
+    agent, socket = demo
+    analysed_records(socket, captures)
+    before = diagnosis_series(agent)
+    assert before
+    agent.proc.send_signal(signal.SIGTERM)
+    agent.proc.wait(10)
+    tmp = agent.log.parent
+    short = Path(tempfile.mkdtemp(prefix="gr-", dir="/tmp"))
+    env = {"GPUSCOPE_ALERTING__ENABLED": "false",
+           "GPUSCOPE_CAPTURE__STORE__ROOT": str(tmp / f"captures-{agent.port}"),
+           "GPUSCOPE_CAPTURE__KINETO__TRACE_DIR": str(short / "traces"),
+           "GPUSCOPE_CAPTURE__KINETO__SOCKET_DIR": str(short / "ipc")}
+    try:
+        with run_agent(tmp, "--simulate", str(tmp / "demo.yaml"), env=env) as restarted:
+            restarted.wait_for("/metrics", "gpuscope_diagnosis_verdict")
+            assert diagnosis_series(restarted) == before
+    finally:
+        shutil.rmtree(short, ignore_errors=True)

@@ -154,6 +154,7 @@ def test_full_snapshot_renders_exactly_the_catalogue() -> None:
     # the Pods table's gpuscope_pod_resources_* rows PodResourcesCollector's (test_pods.py).
     documented = set(parse_catalogue(text)) - set(parse_catalogue(catalogue_section(text, "Alerts")))
     documented -= set(parse_catalogue(catalogue_section(text, "Captures")))
+    documented -= set(parse_catalogue(catalogue_section(text, "Diagnosis")))  # test_diagnosis_metrics.py
     documented -= set(parse_catalogue(catalogue_section(text, "Sources")))  # SourceHealthCollector's
     documented -= set(parse_catalogue(catalogue_section(text, "The HTTP port")))  # WebCollector's
     documented = {row for row in documented if not row.name.startswith("gpuscope_pod_resources_")}
