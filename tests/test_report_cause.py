@@ -143,3 +143,20 @@ def test_overlapping_causes_sort_by_what_they_cost_and_say_they_overlap() -> Non
     assert "Could be won back (all fixes together): 0.5 GPU-h" in table
     assert "causes overlap" in table and "no agent exported" not in table
     assert json.loads(json.dumps(cause_as_json(report)))["total"]["gain_together_gpu_hours"] == 0.5
+
+
+def test_the_fleet_dashboards_cause_panels_chart_the_reports_expressions() -> None:
+    """The panels "GPU-hours by cause" and "Could be won back" count what `report --by cause` counts
+    (24h horizon), with the dashboard's job and instance on every selector."""
+    dashboard = json.loads((ROOT / "dashboards" / "gpu-fleet.json").read_text())
+    panels = {p["title"]: p for p in dashboard["panels"]}
+    per_gpu = CausePerGpu(RECORDED_HORIZON_S, 60, matchers='job=~"$job", instance=~"$instance"')
+
+    def hours(expr: str, by: str = "cause") -> str:
+        return f"sum by ({by}) (sum_over_time(({expr})[$__range:$__interval])) * $__interval_ms / 3600000"
+
+    (held,) = panels["GPU-hours by cause"]["targets"]
+    assert held["expr"] == hours(per_gpu.cause_held())
+    gains, together = panels["Could be won back"]["targets"]
+    assert gains["expr"].startswith(hours(per_gpu.gain()) + " or on () ")
+    assert together["expr"] == hours(per_gpu.together(), by="") + " or vector(0)"

@@ -69,18 +69,23 @@ class CausePerGpu:
     horizon_s: int
     busy_range_s: int
     only: str | None = None
+    matchers: str = ""  # label matchers every selector carries (a dashboard's job and instance)
+
+    def _metric(self, metric: str, *matchers: str) -> str:
+        given = [m for m in (*matchers, self.matchers) if m]
+        return f"{metric}{{{', '.join(given)}}}" if given else metric
 
     def _selector(self, metric: str, label: str) -> str:
-        return metric if self.only is None else f"{metric}{{{label}={quoted(self.only)}}}"
+        return self._metric(metric, *([] if self.only is None else [f"{label}={quoted(self.only)}"]))
 
     @property
     def held(self) -> str:
-        return f"group by ({_GPU}) (gpu_process_info)"
+        return f"group by ({_GPU}) ({self._metric('gpu_process_info')})"
 
     @property
     def fresh(self) -> str:
         """Per GPU, the start of its latest capture's diagnosis when within the horizon (else absent)."""
-        return (f"(max by ({_GPU}) (gpuscope_diagnosis_timestamp_seconds) "
+        return (f"(max by ({_GPU}) ({self._metric('gpuscope_diagnosis_timestamp_seconds')}) "
                 f"> time() - {self.horizon_s})")
 
     @property
@@ -112,7 +117,7 @@ class CausePerGpu:
 
     def busy(self) -> str:
         """The GPU's busy seconds per second while held under the cause."""
-        rate = f"sum by ({_GPU}) (rate(gpu_busy_seconds_total[{self.busy_range_s}s]))"
+        rate = f"sum by ({_GPU}) (rate({self._metric('gpu_busy_seconds_total')}[{self.busy_range_s}s]))"
         return f"({self.cause_held()} * on ({_GPU}) group_left () {rate})"
 
     def attributed(self) -> str:
@@ -129,8 +134,8 @@ class CausePerGpu:
 
     def together(self) -> str:
         """The share all estimated fixes together would win back, while held and freshly diagnosed."""
-        return (f"(max by ({_GPU}) (gpuscope_diagnosis_gain_together_share) and on ({_GPU}) "
-                f"{self.diagnosed})")
+        together = self._metric("gpuscope_diagnosis_gain_together_share")
+        return f"(max by ({_GPU}) ({together}) and on ({_GPU}) {self.diagnosed})"
 
     def column(self, name: str) -> str:
         return {"held": self.cause_held, "busy": self.busy, "attributed": self.attributed,
