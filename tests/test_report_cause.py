@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from test_prometheus_rules import run_promtool
 from test_report import EMPTY, NOW, CannedPrometheus, series, server
 
 from gpuscope.cli.main import main
@@ -160,3 +161,13 @@ def test_the_fleet_dashboards_cause_panels_chart_the_reports_expressions() -> No
     gains, together = panels["Could be won back"]["targets"]
     assert gains["expr"].startswith(hours(per_gpu.gain()) + " or on () ")
     assert together["expr"] == hours(per_gpu.together(), by="") + " or vector(0)"
+
+
+def test_the_demo_prometheus_config_is_valid_and_scrapes_the_demo_agent() -> None:
+    """docs/report.md's "Try it on the demo" starts Prometheus with this file."""
+    config = ROOT / "deploy" / "prometheus" / "demo-prometheus.yml"
+    document = yaml.safe_load(config.read_text())
+    assert document["rule_files"] == ["gpuscope-recording-rules.yml"]
+    assert document["scrape_configs"][0]["static_configs"][0]["targets"] == ["127.0.0.1:9847"]
+    result = run_promtool("check", "config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -256,7 +256,7 @@ def test_the_table(diagnosed: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == ("GPU-hours by cause, 2024-01-01T00:00:00Z to 2024-01-01T06:00:00Z "
-                        "(step 1m, horizon 1d)")
+                        "(step 1m, horizon 24h)")
     assert lines[1].split()[:3] == ["cause", "HELD", "GPU-h"]
     causes = [line.split("  ")[0].strip() for line in lines[2:8]]
     # Findings by the GPU-hours attributed to them, then the verdicts, then no diagnosis.

@@ -32,8 +32,8 @@ def _ages(row: CauseRow) -> str:
 
 
 def _span(seconds: int) -> str:
-    for unit, size in (("d", 86400), ("h", 3600)):
-        if seconds >= size and seconds % size == 0:
+    for unit, size in (("d", 86400), ("h", 3600)):  # a day in hours: 24h, 36h, 2d
+        if (seconds >= 2 * size and seconds % size == 0) or (unit == "h" and seconds % size == 0):
             return f"{seconds // size}{unit}"
     return format_duration(seconds)
 
