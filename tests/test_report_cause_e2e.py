@@ -28,10 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from snapshots import FakeSource, make_gpu, make_snapshot
 from test_e2e_prometheus import PROMETHEUS, require
 from test_report_e2e import promtool, serve
 
+from gpuscope.capture.diagnoses import FindingShare, GpuDiagnosis
 from gpuscope.cli.main import main
+from gpuscope.exporters.diagnosis import DiagnosisCollector
 
 pytestmark = pytest.mark.e2e
 
@@ -277,3 +280,23 @@ def test_a_horizon_shorter_than_the_captures_ages(diagnosed: str, capsys: pytest
     assert near(rows["shared_gpu"]["held_gpu_hours"], 20 / 60)
     assert near(rows["healthy"]["held_gpu_hours"], 31 / 60)
     assert near(rows["not diagnosed"]["held_gpu_hours"], 22 - 20 / 60 - 31 / 60, 4)
+
+
+def test_the_six_hours_have_the_names_and_labels_the_agent_exports() -> None:
+    """The generated diagnosis series are hand-written: this keeps them the agent's own families and
+    label names (Prometheus adds instance and job)."""
+    written: dict[str, set[str]] = {}
+    for line in openmetrics():
+        name, _, rest = line.partition("{")
+        if name.startswith("gpuscope_diagnosis_"):
+            written.setdefault(name, {pair.split("=")[0] for pair in rest.split("}")[0].split(",")})
+    diagnosis = GpuDiagnosis(0, "c1", START, "input_bound", (FindingShare("input_bound", "high", 0.4, 0.3),),
+                             0.3)
+
+    class OneDiagnosis:
+        def latest(self) -> list[GpuDiagnosis]:
+            return [diagnosis]
+
+    collector = DiagnosisCollector(OneDiagnosis(), FakeSource(make_snapshot([make_gpu(0)])))
+    exported = {sample.name: set(sample.labels) for family in collector.collect() for sample in family.samples}
+    assert {name: labels - {"instance", "job"} for name, labels in written.items()} == exported

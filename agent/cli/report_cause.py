@@ -19,9 +19,20 @@ def _hours(value: float | None, decimals: int = 1) -> str:
     return "-" if value is None else f"{value:.{decimals}f}"
 
 
+def _decimals(report: CauseReport) -> int:
+    """Tenths of a GPU-hour, or thousandths in a report of less than one (a short range)."""
+    return 1 if report.held_gpu_hours >= 1 else 3
+
+
+def _owner(owner: dict[str, str]) -> str:
+    return "/".join(owner.values()) if any(owner.values()) else "(none)"
+
+
 def _age(seconds: float | None) -> str:
     if seconds is None:
         return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
     return f"{seconds / 60:.0f}m" if seconds < 3600 else f"{seconds / 3600:.1f}h"
 
 
@@ -76,8 +87,10 @@ def cause_as_csv(report: CauseReport) -> str:
 def cause_as_table(report: CauseReport) -> str:
     head = ["cause", *report.owner_labels, "HELD GPU-h", "BUSY GPU-h", "ATTRIBUTED GPU-h",
             "COULD WIN BACK GPU-h", "DIAGNOSIS AGE"]
-    lines = [[row.cause, *(value or "(none)" for value in row.owner.values()), _hours(row.held_gpu_hours),
-              _hours(row.busy_gpu_hours), _hours(row.attributed_gpu_hours), _hours(row.gain_gpu_hours),
+    decimals = _decimals(report)
+    lines = [[row.cause, *(value or "(none)" for value in row.owner.values()),
+              *(_hours(value, decimals) for value in (row.held_gpu_hours, row.busy_gpu_hours,
+                                                      row.attributed_gpu_hours, row.gain_gpu_hours)),
               _ages(row)] for row in report.rows]
     widths = [max(len(line[i]) for line in [head, *lines]) for i in range(len(head))]
     left = 1 + len(report.owner_labels)
@@ -92,13 +105,12 @@ def cause_as_table(report: CauseReport) -> str:
             f"{', recording rules' if report.recorded else ''})",
             render(head), *(render(line) for line in lines), ""]
     share = _diagnosed_share(report)
-    text.append(f"Held: {report.held_gpu_hours:.1f} GPU-h, "
+    text.append(f"Held: {_hours(report.held_gpu_hours, decimals)} GPU-h, "
                 + ("none" if share is None else f"{share:.0%}") + " of it diagnosed within the horizon")
     together = report.gain_together_gpu_hours
-    line = f"Could be won back (all fixes together): {_hours(together)} GPU-h"
+    line = f"Could be won back (all fixes together): {_hours(together, decimals)} GPU-h"
     if report.owner and together is not None:
-        line += " (" + ", ".join(f"{'/'.join(t.owner.values()) or '(none)'} "
-                                 f"{_hours(t.gain_together_gpu_hours)}"
+        line += " (" + ", ".join(f"{_owner(t.owner)} {_hours(t.gain_together_gpu_hours, decimals)}"
                                  for t in report.totals if t.gain_together_gpu_hours is not None) + ")"
     text.append(line if together is not None else line + " (no fix estimated in the range)")
     text += [f"Note: {note}" for note in report.notes]
