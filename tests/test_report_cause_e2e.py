@@ -298,5 +298,6 @@ def test_the_six_hours_have_the_names_and_labels_the_agent_exports() -> None:
             return [diagnosis]
 
     collector = DiagnosisCollector(OneDiagnosis(), FakeSource(make_snapshot([make_gpu(0)])))
-    exported = {sample.name: set(sample.labels) for family in collector.collect() for sample in family.samples}
+    exported = {sample.name: set(sample.labels)
+                for family in collector.collect() for sample in family.samples}
     assert {name: labels - {"instance", "job"} for name, labels in written.items()} == exported
