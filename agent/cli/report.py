@@ -1,11 +1,13 @@
 """`gpuscope report`: who held how many GPU-hours, and how many of them idle, across the fleet.
 
     gpuscope report --prometheus http://prometheus:9090 --since 7d [--until 1d] [--by pod] [--json|--csv]
+    gpuscope report --prometheus http://prometheus:9090 --since 7d --by cause [--by namespace] [--horizon 24h]
 
 The figures come from the Prometheus (or Thanos, Mimir: the same HTTP API) that scrapes every node's
-agent; docs/report.md defines each column and its PromQL. Exit codes: 0 with a report, 1 when the
-server cannot answer or has no data in the range, 2 for wrong flags or unreadable credential files.
-Errors are one line on stderr.
+agent; docs/report.md defines each column and its PromQL. By cause, the rows come from each GPU's
+latest analysed capture (report/cause_promql.py) and print through report_cause.py. Exit codes: 0
+with a report, 1 when the server cannot answer or has no data in the range, 2 for wrong flags or
+unreadable credential files. Errors are one line on stderr.
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ def add_report_command(subparsers: Any) -> None:
                              "node (instance) or gpu (default pod); or cause, the cause of lost step time "
                              "the GPUs' latest diagnoses name, alone or with a second --by pod, namespace, "
                              "user or node.")
-    report.add_argument("--horizon", type=_horizon, metavar="DURATION",
+    report.add_argument("--horizon", type=_horizon, metavar="SPAN",
                         help="With --by cause: a diagnosis whose capture started longer than this before a "
                              "step is too old for it, and the GPU counts as not diagnosed (default 24h).")
     report.add_argument("--step", type=_step, default=60, metavar="DURATION",
