@@ -171,3 +171,14 @@ def test_the_demo_prometheus_config_is_valid_and_scrapes_the_demo_agent() -> Non
     assert document["scrape_configs"][0]["static_configs"][0]["targets"] == ["127.0.0.1:9847"]
     result = run_promtool("check", "config", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_step_as_short_as_the_scrape_interval_still_reads_the_busy_rate() -> None:
+    """rate() over a window holding one sample is empty: a step under a minute reads the last minute."""
+    by_pod = CauseQueries("pod", range_s=3600, step_s=15).column("busy", ["input_bound"])
+    assert by_pod is not None and "rate(gpu_process_busy_seconds_total[60s])" in by_pod
+    assert "[3600s:15s]" in by_pod
+    short = CauseQueries(None, range_s=3600, step_s=15).column("busy", [])
+    assert short is not None and "rate(gpu_busy_seconds_total[60s])" in short
+    long = CauseQueries(None, range_s=86400, step_s=300).column("busy", [])
+    assert long is not None and "rate(gpu_busy_seconds_total[300s])" in long

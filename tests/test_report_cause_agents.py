@@ -166,7 +166,8 @@ def test_the_report_by_cause_is_what_the_agents_analysed(
         assert near(row["held_gpu_hours"], float(want["gpus"])), (key, row, want)
         assert near(row["attributed_gpu_hours"], want["attributed"]), (key, row, want)
         assert near(row["gain_gpu_hours"], want["gain"]), (key, row, want)
-        assert 0 <= row["busy_gpu_hours"] <= row["held_gpu_hours"] + 1e-9, (key, row)
+        # Every demo GPU is busy (50% to 96%): a busy rate read over too short a window would be 0.
+        assert 0 < row["busy_gpu_hours"] <= row["held_gpu_hours"] + 1e-9, (key, row)
         if key[0] != "not diagnosed":  # every capture was taken before the window
             assert 0 < row["newest_diagnosis_age_seconds"] <= row["oldest_diagnosis_age_seconds"], row
     # The demo's own verdicts, on both nodes where captured; node B's other two GPUs undiagnosed.

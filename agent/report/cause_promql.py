@@ -29,6 +29,9 @@ DEFAULT_HORIZON_S = 86400
 RECORDED_HORIZON_S = 86400  # the horizon of the recording rules (gpuscope-recording-rules.yml)
 CAUSE_OWNERS = ("pod", "namespace", "user", "node")  # what a second --by may be
 COLUMNS = ("held", "busy", "attributed", "gain")
+# A step's busy share is the busy counter's rate over the step, or over the last minute when the step is
+# shorter: rate() needs two samples in its window, and a step may be as short as the scrape interval.
+MIN_BUSY_RANGE_S = 60
 # The recording rules (group gpuscope-diagnosis), per GPU and cause.
 CAUSE_RULES = {
     "held": "gpuscope:gpu_cause_held:present1m",
@@ -172,8 +175,12 @@ class CauseQueries:
     def _step(self) -> int:
         return RECORDED_STEP_S if self.recorded else self.step_s
 
+    @property
+    def _busy_range(self) -> int:
+        return max(self._step, MIN_BUSY_RANGE_S)
+
     def _per_gpu(self, only: str | None = None) -> CausePerGpu:
-        return CausePerGpu(self.horizon_s, self._step, only)
+        return CausePerGpu(self.horizon_s, self._busy_range, only)
 
     def _sum_labels(self) -> str:
         return ", ".join((CAUSE, *self.owner_labels))
@@ -199,7 +206,7 @@ class CauseQueries:
         if column == "busy":  # the owner's own processes' busy time
             owners = (f"sum by ({_GPU}, {', '.join(self.owner_labels)}) ({BUSY_RULE})" if self.recorded else
                       f"sum by ({_GPU}, {', '.join(self.owner_labels)}) "
-                      f"(rate(gpu_process_busy_seconds_total[{self._step}s]))")
+                      f"(rate(gpu_process_busy_seconds_total[{self._busy_range}s]))")
         return f"({owners} * on ({_GPU}) group_left ({CAUSE}) {per_gpu})"
 
     def _over_range(self, per_step: str, over: str) -> str:
