@@ -275,7 +275,10 @@ def test_a_horizon_shorter_than_the_captures_ages(diagnosed: str, capsys: pytest
     before the range) for its first 20 minutes and node-1 GPU 0's healthy one for 31 minutes."""
     code, out, err = report(capsys, diagnosed, "--by", "cause", "--horizon", "30m", "--json")
     assert code == 0, err
-    rows = {row["cause"]: row for row in json.loads(out)["rows"]}
+    document = json.loads(out)
+    rows = {row["cause"]: row for row in document["rows"]}
+    assert document["horizon_seconds"] == 1800
+    assert any("within the horizon (30m) before the step" in note for note in document["notes"])
     assert set(rows) == {"shared_gpu", "input_bound", "healthy", "not diagnosed"}
     assert near(rows["shared_gpu"]["held_gpu_hours"], 20 / 60)
     assert near(rows["healthy"]["held_gpu_hours"], 31 / 60)

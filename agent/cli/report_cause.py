@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpuscope.common.durations import format_duration
-from gpuscope.report.cause_build import CauseReport, CauseRow
+from gpuscope.report.cause_build import CauseReport, CauseRow, span
 
 
 def _iso(seconds: float) -> str:
@@ -40,13 +40,6 @@ def _ages(row: CauseRow) -> str:
     if row.newest_diagnosis_s is None or row.oldest_diagnosis_s is None:
         return "-"
     return f"{_age(row.newest_diagnosis_s)}-{_age(row.oldest_diagnosis_s)}"
-
-
-def _span(seconds: int) -> str:
-    for unit, size in (("d", 86400), ("h", 3600)):  # a day in hours: 24h, 36h, 2d
-        if (seconds >= 2 * size and seconds % size == 0) or (unit == "h" and seconds % size == 0):
-            return f"{seconds // size}{unit}"
-    return format_duration(seconds)
 
 
 def _diagnosed_share(report: CauseReport) -> float | None:
@@ -101,7 +94,7 @@ def cause_as_table(report: CauseReport) -> str:
 
     by = "cause" + (f" and {report.owner}" if report.owner else "")
     text = [f"GPU-hours by {by}, {_iso(report.start)} to {_iso(report.end)} (step "
-            f"{format_duration(report.step_s)}, horizon {_span(report.horizon_s)}"
+            f"{format_duration(report.step_s)}, horizon {span(report.horizon_s)}"
             f"{', recording rules' if report.recorded else ''})",
             render(head), *(render(line) for line in lines), ""]
     share = _diagnosed_share(report)

@@ -70,6 +70,14 @@ class CauseReport:
         return sum(gains) if gains else None
 
 
+def span(seconds: int) -> str:
+    """24h, 36h, 7d, 90m: a horizon as --horizon spells it."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0 and (unit != "d" or seconds >= 2 * size):
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
 def _order(row: CauseRow) -> tuple[Any, ...]:
     """Findings first, the most attributed GPU-hours first; then the verdicts, then not diagnosed."""
     rank = VERDICT_ORDER.index(row.cause) + 1 if row.cause in VERDICT_ORDER else 0
@@ -139,7 +147,7 @@ def build_cause_report(client: PrometheusClient, queries: CauseQueries, start: f
                       "no samples): every held GPU-hour is \"not diagnosed\". Diagnoses come from analysed "
                       "captures (docs/capture.md)")
     notes.append(f"a GPU counts under a cause only while its latest diagnosis started within the horizon "
-                 f"({queries.horizon_s / 3600:g}h) before the step; otherwise it counts as \"not diagnosed\"")
+                 f"({span(queries.horizon_s)}) before the step; otherwise it counts as \"not diagnosed\"")
     notes.append("causes overlap: one step can wait on input and on a sync both, so a GPU-hour counts "
                  "under every finding of its diagnosis (and a healthy diagnosis may carry low findings);"
                  " rows do not add up to the held total, and the fixes' gains do not add up to what all "
