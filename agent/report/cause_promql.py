@@ -239,9 +239,12 @@ class CauseQueries:
     def held_total(self) -> str:
         """GPU-hours held per owner (or fleet-wide), whatever the diagnosis: each held GPU once."""
         labels = ", ".join(self.owner_labels)
-        if self.recorded:
-            per_step = f"{held_rule(self.owner or 'gpu')}"
+        if self.recorded and self.by_owner:  # the series the arms join the causes to
+            per_step = held_rule(self.owner or "")
             return f"sum by ({labels}) (count_over_time({per_step}[{self.range_s}s])) * {RECORDED_STEP_S}"
+        if self.recorded:  # the GPUs of the cause rules' own evaluations (each rule group has its phase)
+            held = f"group by ({_GPU}) ({CAUSE_RULES['held']})"
+            return f"sum by ({labels}) ({self._over_range(held, 'count')}) * {RECORDED_STEP_S}"
         held = f"group by ({', '.join(dict.fromkeys((*GPU, *self.owner_labels)))}) (gpu_process_info)"
         return f"sum by ({labels}) ({self._over_range(held, 'count')}) * {self._step}"
 
