@@ -1,11 +1,13 @@
 """`gpuscope report`: who held how many GPU-hours, and how many of them idle, across the fleet.
 
     gpuscope report --prometheus http://prometheus:9090 --since 7d [--until 1d] [--by pod] [--json|--csv]
+    gpuscope report --prometheus http://prometheus:9090 --since 7d --by cause [--by namespace] [--horizon 24h]
 
 The figures come from the Prometheus (or Thanos, Mimir: the same HTTP API) that scrapes every node's
-agent; docs/report.md defines each column and its PromQL. Exit codes: 0 with a report, 1 when the
-server cannot answer or has no data in the range, 2 for wrong flags or unreadable credential files.
-Errors are one line on stderr.
+agent; docs/report.md defines each column and its PromQL. By cause, the rows come from each GPU's
+latest analysed capture (report/cause_promql.py) and print through report_cause.py. Exit codes: 0
+with a report, 1 when the server cannot answer or has no data in the range, 2 for wrong flags or
+unreadable credential files. Errors are one line on stderr.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gpuscope.cli.report_cause import cause_as_csv, cause_as_json, cause_as_table
 from gpuscope.common.durations import format_duration, parse_duration
 from gpuscope.report.build import NoData, Report, Row, build_report
+from gpuscope.report.cause_build import CauseReport, build_cause_report
+from gpuscope.report.cause_promql import CAUSE, CAUSE_OWNERS, DEFAULT_HORIZON_S, CauseQueries
 from gpuscope.report.client import Auth, PrometheusClient, PrometheusError, tls_context
 from gpuscope.report.promql import OWNERS, RECORDED_STEP_S, Queries
 
@@ -77,6 +82,13 @@ def _step(text: str) -> int:
     return int(seconds)
 
 
+def _horizon(text: str) -> int:
+    seconds = parse_span(text)
+    if seconds is None or seconds < 60:
+        raise argparse.ArgumentTypeError(f"a span of at least 1m such as 24h or 7d, got {text!r}")
+    return seconds
+
+
 def _timeout(text: str) -> float:
     try:
         seconds = parse_duration(text)
@@ -99,9 +111,15 @@ def add_report_command(subparsers: Any) -> None:
                              "RFC 3339 time.")
     report.add_argument("--until", metavar="TIME",
                         help="End of the range, in the same forms as --since (default now).")
-    report.add_argument("--by", choices=list(OWNERS), default="pod",
+    report.add_argument("--by", choices=[*OWNERS, CAUSE], action="append", metavar="{" + ",".join(
+                            [*OWNERS, CAUSE]) + "}",
                         help="Who owns a row: pod (namespace and pod), namespace, user (the process's user), "
-                             "node (instance) or gpu (default pod).")
+                             "node (instance) or gpu (default pod); or cause, the cause of lost step time "
+                             "the GPUs' latest diagnoses name, alone or with a second --by pod, namespace, "
+                             "user or node.")
+    report.add_argument("--horizon", type=_horizon, metavar="SPAN",
+                        help="With --by cause: a diagnosis whose capture started longer than this before a "
+                             "step is too old for it, and the GPU counts as not diagnosed (default 24h).")
     report.add_argument("--step", type=_step, default=60, metavar="DURATION",
                         help="Resolution of the held and held-idle time and of alert onsets, at least the "
                              "scrape interval (default 1m; with --recorded, the rules' 1m).")
@@ -172,12 +190,33 @@ def _range(args: argparse.Namespace, now: float) -> tuple[float, float, int]:
     return start, end, step
 
 
+def _grouping(args: argparse.Namespace) -> tuple[str, str | None]:
+    """What --by asks for: an owner (``by``, None) or the causes (``"cause"``, an owner or None)."""
+    given: list[str] = args.by or ["pod"]
+    if CAUSE not in given:
+        if len(given) > 1:
+            raise ValueError(f"--by {' --by '.join(given)}: two --by are for cause and an owner "
+                             f"(--by cause --by namespace)")
+        if args.horizon is not None:
+            raise ValueError("--horizon applies to --by cause")
+        return given[0], None
+    others = [by for by in given if by != CAUSE]
+    if len(given) > 2 or len(others) != len(given) - 1 or (others and others[0] not in CAUSE_OWNERS):
+        raise ValueError(f"--by {' --by '.join(given)}: --by cause combines with at most one of "
+                         f"{', '.join(CAUSE_OWNERS)}")
+    return CAUSE, others[0] if others else None
+
+
 def run_report_command(args: argparse.Namespace, now: float | None = None) -> int:
     """Run `report`; the exit code. Errors: one line on stderr, no traceback."""
     try:
+        by, owner = _grouping(args)
         start, end, step = _range(args, time.time() if now is None else now)
         auth = _auth(args)
         context = tls_context(str(args.tls_ca) if args.tls_ca else None, args.insecure_skip_verify)
+        cause_queries = (CauseQueries(owner, range_s=int(end - start), step_s=step,
+                                      horizon_s=args.horizon or DEFAULT_HORIZON_S, recorded=args.recorded)
+                         if by == CAUSE else None)
     except ValueError as err:
         print(f"gpuscope report: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -186,7 +225,9 @@ def run_report_command(args: argparse.Namespace, now: float | None = None) -> in
         return EXIT_USAGE
     try:
         client = PrometheusClient(args.prometheus, auth=auth, context=context, timeout=args.timeout)
-        queries = Queries(args.by, range_s=int(end - start), step_s=step, recorded=args.recorded)
+        if cause_queries is not None:
+            return _print_cause_report(args, build_cause_report(client, cause_queries, start, end))
+        queries = Queries(by, range_s=int(end - start), step_s=step, recorded=args.recorded)
         report = build_report(client, queries, start, end)
     except NoData as err:
         print(f"gpuscope report: {err} ({_iso(start)} to {_iso(end)})", file=sys.stderr)
@@ -203,6 +244,16 @@ def run_report_command(args: argparse.Namespace, now: float | None = None) -> in
         sys.stdout.write(as_csv(report))
     else:
         sys.stdout.write(as_table(report))
+    return EXIT_OK
+
+
+def _print_cause_report(args: argparse.Namespace, report: CauseReport) -> int:
+    if args.json:
+        print(json.dumps(cause_as_json(report), indent=2))
+    elif args.csv:
+        sys.stdout.write(cause_as_csv(report))
+    else:
+        sys.stdout.write(cause_as_table(report))
     return EXIT_OK
 
 
