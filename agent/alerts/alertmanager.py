@@ -37,7 +37,7 @@ from typing import Any
 from gpuscope.alerts.capture_verdicts import CaptureVerdict, CaptureVerdictSource
 from gpuscope.alerts.config import AlertmanagerConfig
 from gpuscope.alerts.model import Alert, AlertSource, Transition
-from gpuscope.common.addresses import format_host_port
+from gpuscope.common.addresses import format_host_port, split_http_url
 from gpuscope.health import SourceHealth
 from gpuscope.threads import start_thread
 
@@ -69,28 +69,17 @@ def alertmanager_endpoint(url: str | None) -> str:
     if not url:
         raise ValueError(f"alerting.alertmanager.url is not set ({example})")
     try:
-        parts = urllib.parse.urlsplit(url)
-        port = parts.port
+        checked = split_http_url(url, example)
     except ValueError as err:
-        raise ValueError(f"invalid Alertmanager URL {url!r}: {err} ({example})") from None
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"invalid Alertmanager URL {url!r}: the scheme must be http or https ({example})")
-    if not parts.hostname:
-        raise ValueError(f"invalid Alertmanager URL {url!r}: no host ({example})")
-    if parts.username is not None or parts.password is not None:
-        raise ValueError(f"invalid Alertmanager URL {url!r}: credentials in the URL are not supported")
-    if parts.query or parts.fragment or url.rstrip().endswith(("?", "#")):
-        raise ValueError(f"invalid Alertmanager URL {url!r}: no query or fragment allowed ({example})")
+        raise ValueError(f"invalid Alertmanager URL {url!r}: {err}") from None
+    parts = checked.parts
     path = parts.path.rstrip("/")
     decoded = urllib.parse.unquote(path)
     segments = decoded.split("/")[1:]
     if any(s in ("", ".", "..") for s in segments) or "\\" in decoded or any(ord(c) < 0x21 for c in decoded):
         raise ValueError(
             f"invalid Alertmanager URL {url!r}: the path must be a plain prefix like /alertmanager")
-    netloc = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-    if port is not None:
-        netloc += f":{port}"
-    return urllib.parse.urlunsplit((parts.scheme, netloc, path + API_PATH, "", ""))
+    return urllib.parse.urlunsplit((parts.scheme, checked.netloc, path + API_PATH, "", ""))
 
 
 def instance_label(host: str, port: int, hostname: str) -> str:

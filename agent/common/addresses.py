@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import urllib.parse
 from dataclasses import dataclass
 
 MAX_HOST_NAME_CHARS = 253
@@ -73,3 +74,33 @@ def format_host_port(host: str, port: int) -> str:
     """``host:port``, with an IPv6 address in brackets (``[::1]:9847``), as gRPC targets, URLs and
     Prometheus ``instance`` labels write it."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class HttpUrl:
+    """An http(s) URL a push is sent to: its parts, and its ``host[:port]`` as a URL writes it."""
+
+    parts: urllib.parse.SplitResult
+    netloc: str
+
+
+def split_http_url(url: str, example: str, *, credentials: str = "") -> HttpUrl:
+    """``url`` checked as a base to push to: ValueError saying what is wrong (not a URL, a scheme
+    other than http or https, no host, credentials in it, a query or a fragment), with ``example``
+    (``e.g. http://host:port``); ``credentials`` says where they go instead."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as err:
+        raise ValueError(f"not a URL: {err} ({example})") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"the scheme must be http or https ({example})")
+    if not parts.hostname:
+        raise ValueError(f"no host ({example})")
+    if parts.username is not None or parts.password is not None:
+        instead = f": {credentials}" if credentials else ""
+        raise ValueError(f"credentials in the URL are not supported{instead}")
+    if parts.query or parts.fragment or url.rstrip().endswith(("?", "#")):
+        raise ValueError(f"no query or fragment allowed ({example})")
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    return HttpUrl(parts, host if port is None else f"{host}:{port}")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from gpuscope.common.addresses import split_http_url
 from gpuscope.common.config_types import ConfigError
 from gpuscope.common.unixfs import read_bounded
 from gpuscope.otlp.config import OtlpConfig
@@ -185,23 +186,10 @@ def endpoint_url(raw: str, *, grpc: bool, as_base: bool) -> str:
     appends /v1/metrics to the path; otherwise a URL without a path gets /v1/metrics and one with a
     path is used as it is. gRPC: scheme, host and port only. ValueError with a hint when unusable."""
     example = "e.g. http://otel-collector:4317" if grpc else "e.g. http://otel-collector:4318"
-    try:
-        parts = urllib.parse.urlsplit(raw)
-        port = parts.port
-    except ValueError as err:
-        raise ValueError(f"not a URL: {err} ({example})") from None
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"the scheme must be http or https ({example})")
-    if not parts.hostname:
-        raise ValueError(f"no host ({example})")
-    if parts.username is not None or parts.password is not None:
-        raise ValueError("credentials in the URL are not supported: use otlp.headers")
-    if parts.query or parts.fragment:
-        raise ValueError(f"no query or fragment allowed ({example})")
+    checked = split_http_url(raw, example, credentials="use otlp.headers")
+    parts, netloc = checked.parts, checked.netloc
     if any(ord(c) < 0x21 for c in parts.path):
         raise ValueError("the path must not hold spaces or control characters")
-    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-    netloc = host if port is None else f"{host}:{port}"
     if grpc:
         return f"{parts.scheme}://{netloc}"
     path = parts.path
