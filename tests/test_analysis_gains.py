@@ -15,6 +15,7 @@ from gpuscope.analysis import gains as gains_module
 from gpuscope.analysis.diagnose import diagnose
 from gpuscope.analysis.findings import Finding
 from gpuscope.analysis.gains import estimate_gains, not_estimated
+from gpuscope.analysis.model import Trace
 from gpuscope.analysis.render import format_diagnosis
 from gpuscope.analysis.sources import read_trace
 from gpuscope.analysis.steps import find_steps
@@ -196,3 +197,26 @@ def test_unfused_attentions_gain_moves_its_softmax_into_a_fused_kernel() -> None
     (text,) = gain.assumptions
     assert text.startswith("24 attention softmax kernels (68.8 ms) run inside a fused attention kernel")
     assert gain.after_ms == pytest.approx(gain.before_ms, rel=0.01)
+
+
+def test_the_input_bound_gain_of_a_v100_resnet_predicts_the_run_with_workers() -> None:
+    """A pair recorded by others (the TensorBoard profiler plugin's ResNet-50 on a V100): the job with
+    DataLoader(num_workers=0), 174.8 ms a step, and the same job with num_workers=4, 139.7 ms. The
+    input_bound gain from the first trace alone must land within 15% of the measured speedup."""
+    def trace_of(run: str) -> Trace:
+        (path,) = (CORPUS / f"kineto_tb_resnet50_v100_{run}").glob("*.pt.trace.json.gz")
+        return read_trace(path)
+
+    slow, fast = trace_of("workers0"), trace_of("workers4")
+    measured = mean_step(slow) / mean_step(fast)
+    assert measured == pytest.approx(1.25, abs=0.01)
+    diagnosis = diagnose(slow)
+    (found,) = [f for f in diagnosis.findings if f.kind == "input_bound"]
+    gain = estimate_gains(slow, [found]).of(found)
+    predicted = gain.before_ms / gain.after_ms
+    assert abs(predicted - measured) / measured < 0.15
+
+
+def mean_step(trace: Trace) -> float:
+    steps = find_steps(trace).steps
+    return sum(step.duration for step in steps) / len(steps)
