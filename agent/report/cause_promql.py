@@ -45,6 +45,13 @@ _GPU = ", ".join(GPU)
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9_.:\- ]{1,128}")
 
 
+def _minute(selector: str) -> str:
+    """A recorded series at a step of a subquery: its sample of the minute ending at the step. Not an
+    instant selector, which finds no sample at most steps on a server whose lookback is shorter than
+    the rules' interval, nor where two rule groups evaluate at different phases of the minute."""
+    return f"last_over_time({selector}[{RECORDED_STEP_S}s])"
+
+
 def is_cause_name(value: str) -> bool:
     return _LABEL_VALUE.fullmatch(value) is not None
 
@@ -198,15 +205,16 @@ class CauseQueries:
     def _owner_arm(self, column: str, cause: str) -> str:
         """One cause's per-step series by (GPU, owner)."""
         if self.recorded:
-            per_gpu = f"{CAUSE_RULES['held' if column == 'busy' else column]}{{{CAUSE}={quoted(cause)}}}"
-            owners = held_rule(self.owner or "")
+            rule = CAUSE_RULES["held" if column == "busy" else column]
+            per_gpu = _minute(f"{rule}{{{CAUSE}={quoted(cause)}}}")
+            owners = _minute(held_rule(self.owner or ""))
         else:
             per_gpu = self._per_gpu(cause).column("held" if column == "busy" else column)
             owners = f"group by ({_GPU}, {', '.join(self.owner_labels)}) (gpu_process_info)"
         if column == "busy":  # the owner's own processes' busy time
-            owners = (f"sum by ({_GPU}, {', '.join(self.owner_labels)}) ({BUSY_RULE})" if self.recorded else
-                      f"sum by ({_GPU}, {', '.join(self.owner_labels)}) "
-                      f"(rate(gpu_process_busy_seconds_total[{self._busy_range}s]))")
+            busy = (_minute(BUSY_RULE) if self.recorded else
+                    f"rate(gpu_process_busy_seconds_total[{self._busy_range}s])")
+            owners = f"sum by ({_GPU}, {', '.join(self.owner_labels)}) ({busy})"
         return f"({owners} * on ({_GPU}) group_left ({CAUSE}) {per_gpu})"
 
     def _over_range(self, per_step: str, over: str) -> str:
@@ -243,7 +251,7 @@ class CauseQueries:
             per_step = held_rule(self.owner or "")
             return f"sum by ({labels}) (count_over_time({per_step}[{self.range_s}s])) * {RECORDED_STEP_S}"
         if self.recorded:  # the GPUs of the cause rules' own evaluations (each rule group has its phase)
-            held = f"group by ({_GPU}) ({CAUSE_RULES['held']})"
+            held = f"group by ({_GPU}) ({_minute(CAUSE_RULES['held'])})"
             return f"sum by ({labels}) ({self._over_range(held, 'count')}) * {RECORDED_STEP_S}"
         held = f"group by ({', '.join(dict.fromkeys((*GPU, *self.owner_labels)))}) (gpu_process_info)"
         return f"sum by ({labels}) ({self._over_range(held, 'count')}) * {self._step}"
@@ -253,8 +261,10 @@ class CauseQueries:
         labels = ", ".join(self.owner_labels)
         per_gpu = TOGETHER_RULE if self.recorded else self._per_gpu().together()
         if self.by_owner:
-            owners = (held_rule(self.owner or "") if self.recorded else
-                      f"group by ({_GPU}, {labels}) (gpu_process_info)")
+            if self.recorded:
+                owners, per_gpu = _minute(held_rule(self.owner or "")), _minute(per_gpu)
+            else:
+                owners = f"group by ({_GPU}, {labels}) (gpu_process_info)"
             per_step = f"({owners} * on ({_GPU}) group_left () {per_gpu})"
         else:
             per_step = per_gpu
