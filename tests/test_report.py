@@ -49,6 +49,16 @@ def test_every_query_sums_by_the_owner_and_reads_counters_with_increase(by: str)
     assert "[604800s:60s]" in raw["held"] and "rate(gpu_busy_seconds_total[60s]) < 0.05" in raw["held_idle"]
 
 
+def test_a_step_under_a_minute_reads_idleness_over_the_last_minute() -> None:
+    """rate() over a window as short as the scrape interval holds one sample and is empty: a held GPU
+    would then never count as idle. The step's subquery keeps its resolution; the rate's range does not
+    go under a minute."""
+    short = Queries("pod", range_s=3600, step_s=15).columns()["held_idle"]
+    assert "rate(gpu_busy_seconds_total[60s]) < 0.05" in short and "[3600s:15s]" in short
+    long = Queries("pod", range_s=3600, step_s=300).columns()["held_idle"]
+    assert "rate(gpu_busy_seconds_total[300s]) < 0.05" in long
+
+
 class _Handler(BaseHTTPRequestHandler):
     answer: tuple[int, bytes] = (200, b"")
     seen: list[tuple[str, dict[str, list[str]]]] = []

@@ -61,7 +61,9 @@ class Report:
     notes: list[str] = field(default_factory=list)
 
 
-def _value(series: dict[str, Any]) -> float:
+def series_value(series: dict[str, Any]) -> float:
+    """An instant query's number for ``series`` (NaN and infinities read as 0); PrometheusError when it has
+    none."""
     try:
         number = float(series["value"][1])
     except (KeyError, IndexError, TypeError, ValueError):
@@ -108,7 +110,7 @@ def _attribute_time_sliced(client: PrometheusClient, queries: Queries, end: floa
             owners = shared.get(gpu)
             if owners is None or tuple(str(metric.get(label, "")) for label in labels) != nobody:
                 continue
-            value = _value(series)
+            value = series_value(series)
             moved.add(gpu)
             # A share per pod (a namespace gets one per pod of it); an alert once per owner.
             for owner in dict.fromkeys(owners) if column == "alerts" else owners:
@@ -137,13 +139,13 @@ def build_report(client: PrometheusClient, queries: Queries, start: float, end: 
             metric = series.get("metric", {})
             key = tuple(str(metric.get(label, "")) for label in labels)
             row = rows.setdefault(key, Row(owner=dict(zip(labels, key, strict=True))))
-            _add(row, column, _value(series))
+            _add(row, column, series_value(series))
     if not rows or all(r.held_gpu_hours == 0 and r.busy_gpu_hours == 0 and r.energy_kwh == 0
                        for r in rows.values()):
         raise NoData("no GPU process data in the range: the server has no samples of gpu_process_info "
                      "or the agents' busy and energy counters between these times")
     idle = client.query(queries.idle_energy_joules(), end)
-    captures = {str(s.get("metric", {}).get("instance", "")): round(_value(s))
+    captures = {str(s.get("metric", {}).get("instance", "")): round(series_value(s))
                 for s in client.query(queries.captures(), end)}
     notes = []
     sliced = _attribute_time_sliced(client, queries, end, rows)
@@ -174,5 +176,5 @@ def build_report(client: PrometheusClient, queries: Queries, start: float, end: 
                 alerts_fired=sum(r.alerts_fired for r in ordered))
     return Report(by=queries.by, owner_labels=labels, start=start, end=end, step_s=queries.step_s,
                   recorded=queries.recorded, rows=ordered, total=total,
-                  idle_energy_kwh=_value(idle[0]) / KWH_J if idle else None,
+                  idle_energy_kwh=series_value(idle[0]) / KWH_J if idle else None,
                   captures_by_node=dict(sorted(captures.items())), notes=notes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuscope.report.build import HOUR_S, NoData, _value
+from gpuscope.report.build import HOUR_S, NoData, series_value
 from gpuscope.report.cause_promql import CAUSE, NOT_DIAGNOSED, CauseQueries, is_cause_name
 from gpuscope.report.client import PrometheusClient
 
@@ -108,7 +108,7 @@ def build_cause_report(client: PrometheusClient, queries: CauseQueries, start: f
         wanted = [c for c in causes if column in ("held", "busy") or c != NOT_DIAGNOSED]
         promql = queries.column(column, wanted)
         for series in client.query(promql, end) if promql else ():
-            row, hours = row_of(series), _value(series) / HOUR_S
+            row, hours = row_of(series), series_value(series) / HOUR_S
             if column == "held":
                 row.held_gpu_hours += hours
             elif column == "busy":
@@ -122,9 +122,9 @@ def build_cause_report(client: PrometheusClient, queries: CauseQueries, start: f
         for series in client.query(promql, end) if promql else ():
             row = row_of(series)
             if oldest:
-                row.oldest_diagnosis_s = _value(series)
+                row.oldest_diagnosis_s = series_value(series)
             else:
-                row.newest_diagnosis_s = _value(series)
+                row.newest_diagnosis_s = series_value(series)
     totals: dict[tuple[str, ...], OwnerTotal] = {}
     for name, promql in (("held", queries.held_total()), ("together", queries.together())):
         for series in client.query(promql, end):
@@ -132,9 +132,9 @@ def build_cause_report(client: PrometheusClient, queries: CauseQueries, start: f
             key = tuple(str(metric.get(label, "")) for label in labels)
             total = totals.setdefault(key, OwnerTotal(owner=dict(zip(labels, key, strict=True))))
             if name == "held":
-                total.held_gpu_hours += _value(series) / HOUR_S
+                total.held_gpu_hours += series_value(series) / HOUR_S
             else:
-                total.gain_together_gpu_hours = _value(series) / HOUR_S
+                total.gain_together_gpu_hours = series_value(series) / HOUR_S
     # A row seen only in a column that is not held (an age without held time) says nothing.
     kept = [row for row in rows.values() if row.held_gpu_hours > 0]
     if not kept and not any(t.held_gpu_hours > 0 for t in totals.values()):
@@ -142,7 +142,7 @@ def build_cause_report(client: PrometheusClient, queries: CauseQueries, start: f
                      "between these times")
     notes = []
     diagnosed_anywhere = client.query(queries.any_diagnosis(), end)
-    if not diagnosed_anywhere or _value(diagnosed_anywhere[0]) == 0:
+    if not diagnosed_anywhere or series_value(diagnosed_anywhere[0]) == 0:
         notes.append("no agent exported a diagnosis in the range (gpuscope_diagnosis_timestamp_seconds has "
                       "no samples): every held GPU-hour is \"not diagnosed\". Diagnoses come from analysed "
                       "captures (docs/capture.md)")

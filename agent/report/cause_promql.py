@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpuscope.report.promql import BUSY_RULE, GPU, OWNERS, RECORDED_STEP_S, held_rule
+from gpuscope.report.promql import BUSY_RULE, GPU, MIN_BUSY_RANGE_S, OWNERS, RECORDED_STEP_S, held_rule
 
 CAUSE = "cause"
 NOT_DIAGNOSED = "not diagnosed"
@@ -29,9 +29,6 @@ DEFAULT_HORIZON_S = 86400
 RECORDED_HORIZON_S = 86400  # the horizon of the recording rules (gpuscope-recording-rules.yml)
 CAUSE_OWNERS = ("pod", "namespace", "user", "node")  # what a second --by may be
 COLUMNS = ("held", "busy", "attributed", "gain")
-# A step's busy share is the busy counter's rate over the step, or over the last minute when the step is
-# shorter: rate() needs two samples in its window, and a step may be as short as the scrape interval.
-MIN_BUSY_RANGE_S = 60
 # The recording rules (group gpuscope-diagnosis), per GPU and cause.
 CAUSE_RULES = {
     "held": "gpuscope:gpu_cause_held:present1m",

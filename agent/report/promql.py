@@ -21,6 +21,9 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "gpu": GPU,
 }
 IDLE_BELOW = 0.05  # a GPU busy less than this fraction of a step is idle
+# The least range a busy rate is read over: rate() needs two samples, and a range as short as the
+# scrape interval usually holds one, so a step under a minute reads the busy time of the last minute.
+MIN_BUSY_RANGE_S = 60
 RECORDED_STEP_S = 60  # the recording rules' evaluation interval
 
 # The recording rules' series (deploy/prometheus/gpuscope-recording-rules.yml). Busy time and energy
@@ -85,8 +88,9 @@ class Queries:
         return f"group by ({_labels(GPU, self.owner_labels)}) (gpu_process_info)"
 
     def idle_gpus(self) -> str:
-        """The GPUs busy less than IDLE_BELOW of the step ending now."""
-        return f"rate(gpu_busy_seconds_total[{self.step_s}s]) < {IDLE_BELOW:g}"
+        """The GPUs busy less than IDLE_BELOW of the step ending now (of the last minute, for a step
+        under a minute)."""
+        return f"rate(gpu_busy_seconds_total[{max(self.step_s, MIN_BUSY_RANGE_S)}s]) < {IDLE_BELOW:g}"
 
     def alert_onsets(self) -> str:
         """Per GPU, how many of its alerts started firing in the step ending now."""
