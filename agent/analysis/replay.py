@@ -92,8 +92,9 @@ def _host_time(graph: StepGraph, replayed: Replayed, on_track: list[int], starts
     start; between two calls, at the same fraction of the time between them (which a fix may have
     shortened)."""
     at = bisect_right(starts, mark) - 1
-    if at < 0:
-        return mark
+    if at < 0:  # before the thread's first node: later by what a fix took out before it
+        cut = graph.head_cut.get(graph.track[on_track[0]], 0.0) if on_track else 0.0
+        return mark + min(cut, starts[0] - mark) if on_track else mark
     i = on_track[at]
     if mark < graph.end(i):
         return mark + replayed.start[i] - graph.start[i]
@@ -110,9 +111,8 @@ def _host_time(graph: StepGraph, replayed: Replayed, on_track: list[int], starts
 
 def device_span(graph: StepGraph, replayed: Replayed | None = None) -> float:
     """From the first start to the last end of the device work that ran within the steps (as measured),
-    or the steps' end if later (device work tied to its launches), measured or replayed; 0 without
-    any. The work that ran, not the work the steps launched: a host a launch queue ahead of the device
-    launches work that runs after the recording ends."""
+    measured or replayed; 0 without any. The work that ran, not the work the steps launched: a host a
+    launch queue ahead of the device launches work that runs after the recording ends."""
     marks = boundaries(graph)
     if not marks:
         return 0.0
@@ -123,14 +123,7 @@ def device_span(graph: StepGraph, replayed: Replayed | None = None) -> float:
         if graph.kind[i] == DEVICE and first <= graph.start[i] < last:
             lo = min(lo, starts[i])
             hi = max(hi, graph.end(i) if ends is None else ends[i])
-    if hi <= lo:
-        return 0.0
-    if not graph.linked:  # the device keeps its measured times: its idle end is not the host's to move
-        return hi - lo
-    # To the steps' end where the device went idle before it: a device idle at the end for want of
-    # work (a host waiting for input) is time the steps took, which a fix on the host may take out.
-    end = last if replayed is None else boundaries(graph, replayed)[-1]
-    return max(hi, end) - lo
+    return hi - lo if hi > lo else 0.0
 
 
 def step_times(graph: StepGraph, replayed: Replayed | None = None) -> list[float]:
@@ -141,14 +134,21 @@ def step_times(graph: StepGraph, replayed: Replayed | None = None) -> list[float
 
 def step_time(graph: StepGraph, replayed: Replayed) -> float:
     """The replayed mean step time: the host's (its step markers, replayed), and no less than the
-    device's work for a step as the replay compresses or stretches it (the measured step time scaled by
-    the device span's change): a host that runs ahead waits for the device in the end (a full launch
-    queue, a synchronisation at the next step), nor than the floor a fix set."""
+    device's work for a step as the replay compresses or stretches it, nor than the floor a fix set: a
+    host that runs ahead waits for the device in the end (a full launch queue, a synchronisation at the
+    next step).
+
+    The device's work for a step is its replayed span over the steps it measured: the steps' own length
+    where the device was busy throughout or ran past their end; where it sat idle part of the steps
+    (for input, say), the span it had, so that a fix that takes that idle time out is not held back by
+    it. Device work not tied to its launches keeps its measured times, and with them the steps' pace."""
     host = max(mean(step_times(graph, replayed)), graph.floor_us)
     measured_span = device_span(graph)
     if measured_span <= 0:
         return host
-    device = mean(step_times(graph)) * device_span(graph, replayed) / measured_span
+    measured = step_times(graph)
+    covered = max(measured_span, sum(measured)) if graph.linked else measured_span
+    device = mean(measured) * device_span(graph, replayed) / covered
     return max(host, device)
 
 

@@ -18,7 +18,7 @@ from gpuscope.analysis.device_profile import OutermostOperators
 from gpuscope.analysis.intervals import IntervalSet
 from gpuscope.analysis.kernel_taxonomy import LOG_SOFTMAX, classify_name, without_parameters
 from gpuscope.analysis.model import Kind, Trace
-from gpuscope.analysis.patterns import INPUT_OP
+from gpuscope.analysis.patterns import INPUT_OP, INPUT_PYTHON
 from gpuscope.analysis.replay import replay, step_time
 from gpuscope.analysis.replay_graph import (
     DEFAULT_LAUNCH_LATENCY_US,
@@ -105,14 +105,18 @@ def close_launch_gaps(graph: StepGraph) -> StepGraph:
     return fixed
 
 
-def prefetch_input(graph: StepGraph, workers: int = 1, pattern: re.Pattern[str] = INPUT_OP) -> StepGraph:
-    """input_bound: the input wait (``DataLoader.__next__``, ``IteratorGetNext`` ...) leaves the step's
-    thread: ``workers`` background loaders prepare the next batches while the device runs this one.
-    Its time is taken out of the host work between the calls it lies in, and the step is no shorter
-    than the loaders' time per step (each as fast as the step's thread was, in parallel)."""
+def prefetch_input(graph: StepGraph, workers: int = 1, pattern: re.Pattern[str] = INPUT_OP,
+                   python: re.Pattern[str] = INPUT_PYTHON) -> StepGraph:
+    """input_bound: the input wait (``DataLoader.__next__``, ``IteratorGetNext``, a pipeline's
+    ``preprocess`` ...: the operations ``pattern`` names and the Python frames ``python`` names, as the
+    diagnosis measures the wait) leaves the step's thread: ``workers`` background loaders prepare the
+    next batches while the device runs this one. Its time is taken out of the host work between the
+    calls it lies in, and the step is no shorter than the loaders' time per step (each as fast as the
+    step's thread was, in parallel)."""
     if workers < 1:
         raise ValueError(f"prefetch_input: workers must be >= 1, not {workers}")
-    spans = _host_spans(graph.trace, lambda name: pattern.search(name) is not None)
+    spans = _host_spans(graph.trace, lambda name: pattern.search(name) is not None,
+                        python=lambda name: python.search(name) is not None)
     fixed = _shorten_host_work(graph, spans, "input_bound", f"the input wait runs in {workers} background "
                                "loader(s) that prefetch")
     steps = graph.steps.steps
@@ -481,14 +485,21 @@ def predict(trace: Trace | StepGraph, fixes: Sequence[Fix]) -> Prediction:
     return Prediction(before, after, tuple(fixed.assumptions))
 
 
-def _host_spans(trace: Trace, wanted: Callable[[str], bool]) -> dict[int, IntervalSet]:
-    """The host operations whose name ``wanted`` accepts, merged per thread."""
-    ops, names = trace.spans[Kind.HOST_OP], trace.names
-    accepted = {i for i, name in enumerate(names) if wanted(name)}
+def _host_spans(trace: Trace, wanted: Callable[[str], bool],
+                python: Callable[[str], bool] | None = None) -> dict[int, IntervalSet]:
+    """The host operations whose name ``wanted`` accepts, and the Python frames ``python`` accepts,
+    merged per thread."""
+    names = trace.names
     by_track: dict[int, list[tuple[float, float]]] = {}
-    for i in range(len(ops)):
-        if ops.name[i] in accepted:
-            by_track.setdefault(ops.track[i], []).append((ops.start[i], ops.start[i] + ops.dur[i]))
+    for kind, accepts in ((Kind.HOST_OP, wanted), (Kind.PYTHON, python)):
+        if accepts is None:
+            continue
+        spans = trace.spans[kind]
+        accepted = {i for i, name in enumerate(names) if accepts(name)}
+        for i in range(len(spans)):
+            if spans.name[i] in accepted:
+                start = spans.start[i]
+                by_track.setdefault(spans.track[i], []).append((start, start + spans.dur[i]))
     return {track: IntervalSet.merge(spans) for track, spans in by_track.items()}
 
 
@@ -496,8 +507,9 @@ def _shorten_host_work(graph: StepGraph, spans: dict[int, IntervalSet], fix: str
                        assumption: str) -> StepGraph:
     """The host work between consecutive calls on each thread less the time ``spans`` cover in it; the
     lag of a cross-thread wait less what they cover on the thread waited for (its work before it let
-    the other go); and what they cover after a thread's last node, up to the last step's end (a trace
-    that ends in an input wait), as the thread's ``tail_cut``."""
+    the other go); and what they cover before a thread's first node, from the first step's start (a
+    trace that starts with an input wait), and after its last node, up to the last step's end (one that
+    ends in one), as the thread's ``head_cut`` and ``tail_cut``."""
     fixed = graph.copy()
     removed = 0.0
     for i in range(len(fixed)):
@@ -515,11 +527,19 @@ def _shorten_host_work(graph: StepGraph, spans: dict[int, IntervalSet], fix: str
             cut = covered.covered(graph.end(other), graph.start[i])
             fixed.cross_lag[i] = max(0.0, fixed.cross_lag[i] - cut)
     steps = graph.steps.steps
-    if steps:  # the host work after each thread's last node, up to the last step's end
+    if steps:  # the host work before each thread's first node and after its last, within the steps
+        first: dict[int, int] = {}
         last: dict[int, int] = {}
         for i in range(len(fixed)):
             if fixed.kind[i] != DEVICE:
+                first.setdefault(fixed.track[i], i)
                 last[fixed.track[i]] = i
+        for track, i in first.items():
+            covered = spans.get(track)
+            cut = covered.covered(steps[0].start, graph.start[i]) if covered is not None else 0.0
+            if cut > 0:
+                fixed.head_cut[track] = fixed.head_cut.get(track, 0.0) + cut
+                removed += cut
         for track, i in last.items():
             covered = spans.get(track)
             cut = covered.covered(graph.end(i), steps[-1].end) if covered is not None else 0.0

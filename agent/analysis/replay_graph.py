@@ -101,6 +101,9 @@ class StepGraph:
     # Per host thread: the host work a fix took out after the thread's last node (an input wait the
     # trace ends in, with no call after it), microseconds.
     tail_cut: dict[int, float] = field(default_factory=dict)
+    # Per host thread: the host work a fix took out between the first step's start and the thread's
+    # first node (an input wait the trace starts with), microseconds.
+    head_cut: dict[int, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.start)
@@ -113,7 +116,7 @@ class StepGraph:
             array("d", self.launch_lag), array("q", self.cross), array("d", self.cross_lag),
             {k: list(v) for k, v in self.waits.items()}, dict(self.sync_overhead), dict(self.sync_tail),
             self.order, self.host_tracks, self.launch_latency, self.device_gap, self.linked,
-            list(self.assumptions), self.floor_us, dict(self.tail_cut))
+            list(self.assumptions), self.floor_us, dict(self.tail_cut), dict(self.head_cut))
 
     def assume(self, fix: str, text: str) -> None:
         self.assumptions.append(Assumption(fix, text))
