@@ -26,6 +26,7 @@ from typing import Any
 from gpuscope.analysis.findings import FINDING_KINDS, HEALTHY, INCONCLUSIVE, UNREADABLE, rank_of
 from gpuscope.analysis.sources import is_trace_in_folder
 from gpuscope.capture.model import CaptureRecord
+from gpuscope.capture.record_gains import estimated, not_estimated_reason
 from gpuscope.capture.store import CaptureStore, CaptureStoreError
 from gpuscope.common.sizes import format_size
 from gpuscope.threads import OnDemandThread
@@ -224,16 +225,15 @@ def bounded_gain(gain: Any) -> dict[str, Any] | None:
     """What a record keeps of a finding's estimated gain: the step time before and after its fix
     (seconds), the share won back and at most MAX_ASSUMPTIONS assumptions; or why it was not estimated.
     None when the report had none (an analysis from before gains were estimated)."""
-    if not isinstance(gain, dict):
+    reason = not_estimated_reason(gain)
+    if reason is not None:
+        return {"not_estimated": reason[:MAX_TEXT]}
+    found = estimated(gain)
+    if found is None:
         return None
-    if "not_estimated" in gain:
-        return {"not_estimated": str(gain["not_estimated"])[:MAX_TEXT]}
-    try:
-        before, after, share = float(gain["before_s"]), float(gain["after_s"]), float(gain["share"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    assumptions = [str(a)[:MAX_TEXT] for a in list(gain.get("assumptions") or ())[:MAX_ASSUMPTIONS]]
-    return {"before_s": before, "after_s": after, "share": share, "assumptions": assumptions}
+    before, after, share, assumptions = found
+    return {"before_s": before, "after_s": after, "share": share,
+            "assumptions": [a[:MAX_TEXT] for a in assumptions[:MAX_ASSUMPTIONS]]}
 
 
 def _without_finding(report: dict[str, Any]) -> tuple[str, str]:

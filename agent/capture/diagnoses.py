@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from gpuscope.analysis.findings import FINDING_KINDS, HEALTHY, INCONCLUSIVE, SEVERITIES, UNREADABLE
 from gpuscope.capture.model import CaptureRecord
+from gpuscope.capture.record_gains import estimated
 
 VERDICTS = (*FINDING_KINDS, HEALTHY, INCONCLUSIVE, UNREADABLE)
 
@@ -95,9 +96,8 @@ def _merged(kept: FindingShare, other: FindingShare) -> FindingShare:
 
 def _gain_share(gain: Any) -> float | None:
     """The share a finding's fix wins back; None when it was not estimated (or the record has none)."""
-    if not isinstance(gain, Mapping) or "not_estimated" in gain:
-        return None
-    return _share(gain.get("share"))
+    found = estimated(gain)
+    return _share(found[2]) if found is not None else None
 
 
 def _share(value: Any) -> float | None:
